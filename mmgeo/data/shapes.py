@@ -1,0 +1,195 @@
+"""The "shapes world": a procedural image–caption retrieval set that needs no download (DESIGN §5).
+
+Each scene holds 1–4 flat objects (shape, colour, size) in distinct cells of a 3×3 grid, drawn on
+a lightly tinted background. Five captions per image describe *every* object, each in its own
+template, object order and wording, so that a caption identifies its image and word order and
+attribute binding matter ("a red circle above a blue square" ≠ "a blue circle above a red square").
+
+Everything is a pure function of ``(seed, split, index)``: random access, no state, no files.
+Splits mirror Flickr30K's Karpathy split sizes (29,000 / 1,014 / 1,000 images, 5 captions each).
+
+Limits: a handful of exact duplicate scenes exist by chance (about 3 in the 1,000 test images at
+seed 0); captions never mention the background or the small position jitter.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from PIL import Image, ImageDraw
+
+SHAPES = ("circle", "square", "triangle", "diamond")
+COLORS = {
+    "red": (215, 40, 40),
+    "green": (40, 160, 60),
+    "blue": (40, 80, 220),
+    "yellow": (235, 200, 30),
+    "purple": (140, 60, 185),
+    "orange": (245, 135, 25),
+}
+SIZES = ("small", "large")
+SIZE_WORDS = {"small": ("small", "little"), "large": ("large", "big")}
+# 3×3 grid: (row, col) -> phrases that name the cell (the first is canonical).
+CELL_PHRASES = {
+    (0, 0): ("in the top left", "at the upper left"),
+    (0, 1): ("at the top", "in the top middle"),
+    (0, 2): ("in the top right", "at the upper right"),
+    (1, 0): ("on the left", "at the middle left"),
+    (1, 1): ("in the center", "in the middle"),
+    (1, 2): ("on the right", "at the middle right"),
+    (2, 0): ("in the bottom left", "at the lower left"),
+    (2, 1): ("at the bottom", "in the bottom middle"),
+    (2, 2): ("in the bottom right", "at the lower right"),
+}
+COUNT_WORDS = ("one", "two", "three", "four")
+SPLITS = {"train": 29_000, "val": 1_014, "test": 1_000}
+_SPLIT_IDS = {"train": 0, "val": 1, "test": 2}
+_N_OBJECTS_P = (0.04, 0.32, 0.32, 0.32)  # probability of 1, 2, 3, 4 objects
+
+
+@dataclass(frozen=True)
+class ShapeObject:
+    shape: str  # one of SHAPES
+    color: str  # a key of COLORS
+    size: str  # one of SIZES
+    cell: tuple[int, int]  # (row, col) on the 3×3 grid
+
+
+def _relation(a: ShapeObject, b: ShapeObject) -> str:
+    """Where ``a`` lies relative to ``b`` in words ("above", "to the left of", ...)."""
+    (ra, ca), (rb, cb) = a.cell, b.cell
+    vertical = "above" if ra < rb else "below" if ra > rb else ""
+    horizontal = "to the left of" if ca < cb else "to the right of" if ca > cb else ""
+    if vertical and horizontal:
+        return f"{vertical} and {horizontal}"
+    return vertical or horizontal
+
+
+class ShapesWorld:
+    """Deterministic synthetic retrieval split: ``ds[i] -> (PIL.Image, [5 captions])``.
+
+    Args:
+        split: "train", "val" or "test".
+        seed: scene seed; the same (seed, split, i) always gives the same sample.
+        image_size: side of the square RGB image in pixels (64 by default).
+        size: number of images (defaults to the Flickr30K-like split size).
+    """
+
+    captions_per_image = 5
+
+    def __init__(self, split: str = "test", seed: int = 0, image_size: int = 64, size: int | None = None):
+        if split not in SPLITS:
+            raise ValueError(f"unknown split {split!r}; choose one of {sorted(SPLITS)}")
+        if image_size < 16:
+            raise ValueError(f"image_size={image_size} is too small to draw shapes; use 16 px or more")
+        if size is not None and size <= 0:
+            raise ValueError(f"size={size} must be positive")
+        self.split, self.seed, self.image_size = split, seed, image_size
+        self.size = SPLITS[split] if size is None else size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def _rng(self, idx: int) -> np.random.Generator:
+        return np.random.default_rng([self.seed, _SPLIT_IDS[self.split], idx])
+
+    def scene(self, idx: int) -> list[ShapeObject]:
+        """The objects of image ``idx`` (what the captions describe)."""
+        if not 0 <= idx < self.size:
+            raise IndexError(f"index {idx} out of range for {self.split} split of {self.size} images")
+        rng = self._rng(idx)
+        n = int(rng.choice(4, p=_N_OBJECTS_P)) + 1
+        cells = rng.choice(9, size=n, replace=False)
+        return [
+            ShapeObject(
+                shape=SHAPES[rng.integers(len(SHAPES))],
+                color=list(COLORS)[rng.integers(len(COLORS))],
+                size=SIZES[rng.integers(len(SIZES))],
+                cell=(int(c) // 3, int(c) % 3),
+            )
+            for c in cells
+        ]
+
+    def __getitem__(self, idx: int) -> tuple[Image.Image, list[str]]:
+        objects = self.scene(idx)
+        rng = np.random.default_rng([self.seed, _SPLIT_IDS[self.split], idx, 1])  # drawing + wording
+        return self._render(objects, rng), self._captions(objects, rng)
+
+    # ---------------------------------------------------------------- drawing
+    def _render(self, objects: list[ShapeObject], rng: np.random.Generator) -> Image.Image:
+        ss = 4  # supersampling factor for anti-aliased edges
+        side = self.image_size * ss
+        bg = tuple(int(v) for v in 225 + rng.integers(-20, 21, size=3))
+        img = Image.new("RGB", (side, side), bg)
+        draw = ImageDraw.Draw(img)
+        cell = side / 3
+        for obj in objects:
+            radius = cell * (0.2 if obj.size == "small" else 0.4) * rng.uniform(0.9, 1.1)
+            jitter = max(0.0, cell * 0.46 - radius)  # keep the shape inside its cell
+            cy = (obj.cell[0] + 0.5) * cell + rng.uniform(-jitter, jitter)
+            cx = (obj.cell[1] + 0.5) * cell + rng.uniform(-jitter, jitter)
+            color = tuple(int(np.clip(c + rng.integers(-15, 16), 0, 255)) for c in COLORS[obj.color])
+            r = radius
+            if obj.shape == "circle":
+                draw.ellipse([cx - r, cy - r, cx + r, cy + r], fill=color)
+            elif obj.shape == "square":
+                s = r * 0.85
+                draw.rectangle([cx - s, cy - s, cx + s, cy + s], fill=color)
+            elif obj.shape == "triangle":
+                draw.polygon([(cx, cy - r), (cx - r, cy + r * 0.8), (cx + r, cy + r * 0.8)], fill=color)
+            else:  # diamond
+                draw.polygon([(cx, cy - r), (cx + r * 0.75, cy), (cx, cy + r), (cx - r * 0.75, cy)], fill=color)
+        return img.resize((self.image_size, self.image_size), Image.Resampling.LANCZOS)
+
+    # ---------------------------------------------------------------- captions
+    @staticmethod
+    def _noun(obj: ShapeObject, rng: np.random.Generator) -> str:
+        size = SIZE_WORDS[obj.size][rng.integers(2)]
+        return f"a {size} {obj.color} {obj.shape}"
+
+    @staticmethod
+    def _where(obj: ShapeObject, rng: np.random.Generator) -> str:
+        return CELL_PHRASES[obj.cell][rng.integers(2)]
+
+    @staticmethod
+    def _join(parts: list[str]) -> str:
+        return parts[0] if len(parts) == 1 else " , ".join(parts[:-1]) + " and " + parts[-1]
+
+    def _captions(self, objects: list[ShapeObject], rng: np.random.Generator) -> list[str]:
+        templates = [self._t_list, self._t_there_is, self._t_where_first, self._t_relations, self._t_count]
+        out = []
+        for t in rng.permutation(len(templates)):
+            order = [objects[i] for i in rng.permutation(len(objects))]
+            out.append(templates[t](order, rng))
+        return out
+
+    def _t_list(self, objs, rng):  # "a small red circle in the top left and a big blue square ..."
+        return self._join([f"{self._noun(o, rng)} {self._where(o, rng)}" for o in objs])
+
+    def _t_there_is(self, objs, rng):  # "there is a small red circle in the top left , ..."
+        return "there is " + self._join([f"{self._noun(o, rng)} {self._where(o, rng)}" for o in objs])
+
+    def _t_where_first(self, objs, rng):  # "in the top left a small red circle , ..."
+        return self._join([f"{self._where(o, rng)} {self._noun(o, rng)}" for o in objs])
+
+    def _t_relations(self, objs, rng):  # "a small red circle in the top left above a big blue square"
+        first = f"{self._noun(objs[0], rng)} {self._where(objs[0], rng)}"
+        rest = [f"{self._noun(o, rng)} {_relation(o, objs[0])} it" for o in objs[1:]]
+        return first if not rest else first + " with " + self._join(rest)
+
+    def _t_count(self, objs, rng):  # "two shapes : a big blue square in the center and ..."
+        noun = "shape" if len(objs) == 1 else "shapes"
+        body = self._join([f"{self._noun(o, rng)} {self._where(o, rng)}" for o in objs])
+        return f"{COUNT_WORDS[len(objs) - 1]} {noun} : {body}"
+
+    # ---------------------------------------------------------------- vocabulary
+    @staticmethod
+    def vocabulary() -> list[str]:
+        """Every word the captions can contain, sorted (for a word-level tokenizer)."""
+        words = {"a", "and", "there", "is", "with", "it", "shape", "shapes", ",", ":", "above", "below"}
+        words |= {"to", "the", "left", "right", "of"}
+        words |= set(SHAPES) | set(COLORS) | set(COUNT_WORDS)
+        words |= {w for pair in SIZE_WORDS.values() for w in pair}
+        words |= {w for phrases in CELL_PHRASES.values() for p in phrases for w in p.split()}
+        return sorted(words)

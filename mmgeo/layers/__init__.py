@@ -1,0 +1,15 @@
+"""Building blocks that models compose (timm's split between layers and models)."""
+
+from mmgeo.layers.key_head import ConvChannelAttentionKeyHead
+from mmgeo.layers.lowrank import LowRankMapping
+from mmgeo.layers.text_mlp import PositionAwareTextMLP, relative_positions, sinusoidal_features
+from mmgeo.layers.value_proj import ValueProjection
+
+__all__ = [
+    "ConvChannelAttentionKeyHead",
+    "LowRankMapping",
+    "PositionAwareTextMLP",
+    "ValueProjection",
+    "relative_positions",
+    "sinusoidal_features",
+]

@@ -1,0 +1,53 @@
+"""ModelConfig: everything needed to rebuild a model, saved inside each checkpoint."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class ModelConfig:
+    # --- text tower (M_Q's backbone) ---
+    text_backbone: str = "scratch"  # transformers model id or local path; "scratch" = tiny BERT from the fields below
+    text_pretrained: bool = True  # for a named backbone: load its weights (from the local cache) or random-init
+    text_vocab: list[str] | None = None  # word-level vocabulary of a scratch backbone (specials are added)
+    text_hidden: int = 128  # scratch BERT: hidden size
+    text_layers: int = 2  # scratch BERT: transformer layers
+    text_heads: int = 4  # scratch BERT: attention heads
+    max_text_len: int = 64  # tokens per caption incl. [CLS]/[SEP]; longer captions are truncated with a warning
+    # --- image tower (M_K's backbone) ---
+    image_backbone: str = "vit_tiny_patch16_224"  # timm ViT name
+    image_pretrained: bool = False  # load timm's pretrained weights (must be in the local cache)
+    image_size: int = 64  # input side in pixels
+    patch_size: int = 8  # ViT patch side; the key grid is (image_size / patch_size)²
+    image_embed_dim: int = 128  # ViT width (0 = the backbone's own)
+    image_depth: int = 4  # ViT blocks (0 = the backbone's own)
+    image_heads: int = 4  # ViT attention heads (0 = the backbone's own)
+    image_mean: tuple[float, float, float] | None = None  # normalisation mean; None = the backbone's data config
+    image_std: tuple[float, float, float] | None = None  # normalisation std; None = the backbone's data config
+    image_interpolation: str = "bicubic"  # resize interpolation of the preprocessing
+    # --- attention space and scores ---
+    score: str = "geometric"  # "geometric" (geometric + global scores) or "global" (CLIP baseline)
+    num_heads: int = 2  # H: heads of the attention space
+    d_a: int = 32  # attention-space dimension per head (queries and keys)
+    d_e: int = 32  # value dimension per head (û, v̂)
+    query_hidden: int = 256  # hidden width of the position-aware text MLP
+    pos_dim: int = 16  # sinusoidal features of the relative token position
+    key_hidden: int = 128  # channels of the conv / channel-attention key head
+    spatial_gate: bool = False  # add a spatial gate after the channel gate in the key head
+    gated_value: bool = False  # P_V gated (σ(W_g p) ⊙ W_v p) instead of linear
+    lowrank_rank: int = 0  # rank r of the optional low-rank mapping of q and k (0 = off)
+    d_global: int = 128  # dimension of the pooled global vectors (what FAISS indexes)
+    init_temperature_geo: float = 0.1  # initial temperature of the geometric InfoNCE (learnable)
+    init_temperature_global: float = 0.07  # initial temperature of the global InfoNCE (learnable)
+    extra: dict = field(default_factory=dict)  # free-form notes saved with the model (e.g. dataset name)
+
+    def __post_init__(self):
+        if self.score not in ("geometric", "global"):
+            raise ValueError(f"score must be 'geometric' or 'global', got {self.score!r}")
+        if self.image_size % self.patch_size:
+            raise ValueError(f"image_size {self.image_size} must be a multiple of patch_size {self.patch_size}")
+        if self.image_mean is not None:
+            self.image_mean = tuple(self.image_mean)
+        if self.image_std is not None:
+            self.image_std = tuple(self.image_std)

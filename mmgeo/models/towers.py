@@ -1,0 +1,123 @@
+"""Backbone factories: a `transformers` text encoder and a `timm` ViT, built from a ModelConfig.
+
+Named backbones load from the local Hugging Face / timm cache only when asked for pretrained
+weights; a missing download ends in one message naming what to fetch and where it goes.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]")
+
+
+class MissingDownloadError(RuntimeError):
+    """A model or dataset is not in the local cache and cannot be fetched here."""
+
+
+def word_level_tokenizer(vocab: list[str]):
+    """A `transformers` fast tokenizer over a fixed word list: lower-cases, splits on whitespace and
+    punctuation, wraps each caption as ``[CLS] ... [SEP]``; unknown words map to ``[UNK]``."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    words = list(SPECIAL_TOKENS) + [w for w in vocab if w not in SPECIAL_TOKENS]
+    ids = {w: i for i, w in enumerate(words)}
+    tok = Tokenizer(models.WordLevel(ids, unk_token="[UNK]"))
+    tok.normalizer = normalizers.Lowercase()
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", ids["[CLS]"]), ("[SEP]", ids["[SEP]"])])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]",
+                                   cls_token="[CLS]", sep_token="[SEP]")
+
+
+def _missing(what: str, name: str, err: Exception) -> MissingDownloadError:
+    return MissingDownloadError(
+        f"{what} {name!r} is not in the local cache and nothing can be downloaded here ({type(err).__name__}). "
+        f"On a machine with network access run `huggingface-cli download {name.split('.')[0]}` (or load it once "
+        "in Python), then copy the cache (~/.cache/huggingface) to this machine or point HF_HOME at it; "
+        "or pass a local directory path instead of the name.")
+
+
+def build_text_tower(cfg) -> tuple[nn.Module, object, int]:
+    """-> (encoder, tokenizer, hidden size). The encoder maps (input_ids, attention_mask) to token states."""
+    from transformers import AutoConfig, AutoModel, AutoTokenizer, BertConfig
+
+    if cfg.text_backbone == "scratch":
+        if not cfg.text_vocab:
+            raise ValueError("a scratch text backbone needs `text_vocab` (the word list of the captions)")
+        tokenizer = word_level_tokenizer(cfg.text_vocab)
+        bert = BertConfig(vocab_size=len(tokenizer), hidden_size=cfg.text_hidden,
+                          num_hidden_layers=cfg.text_layers, num_attention_heads=cfg.text_heads,
+                          intermediate_size=4 * cfg.text_hidden, max_position_embeddings=cfg.max_text_len,
+                          pad_token_id=tokenizer.pad_token_id)
+        encoder = AutoModel.from_config(bert, add_pooling_layer=False)
+        return encoder, tokenizer, cfg.text_hidden
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(cfg.text_backbone)
+        if cfg.text_pretrained:
+            encoder = AutoModel.from_pretrained(cfg.text_backbone, add_pooling_layer=False)
+        else:
+            encoder = AutoModel.from_config(AutoConfig.from_pretrained(cfg.text_backbone), add_pooling_layer=False)
+    except OSError as err:
+        raise _missing("text backbone", cfg.text_backbone, err) from err
+    return encoder, tokenizer, encoder.config.hidden_size
+
+
+def build_image_tower(cfg) -> nn.Module:
+    """A timm ViT returning token features; classifier head removed."""
+    import timm
+
+    kwargs = {"img_size": cfg.image_size, "patch_size": cfg.patch_size, "num_classes": 0}
+    for key, value in (("embed_dim", cfg.image_embed_dim), ("depth", cfg.image_depth), ("num_heads", cfg.image_heads)):
+        if value:
+            kwargs[key] = value
+    try:
+        vit = timm.create_model(cfg.image_backbone, pretrained=cfg.image_pretrained, **kwargs)
+    except (OSError, RuntimeError) as err:
+        if not cfg.image_pretrained:
+            raise
+        raise _missing("image backbone weights for", cfg.image_backbone, err) from err
+    if not hasattr(vit, "patch_embed") or not hasattr(vit, "num_prefix_tokens"):
+        raise ValueError(f"image backbone {cfg.image_backbone!r} is not a timm ViT (no patch_embed)")
+    return vit
+
+
+def resolve_preprocessing(cfg, vit: nn.Module) -> None:
+    """Fill the config's normalisation from the backbone's own data config when not set."""
+    import timm.data
+
+    data_cfg = timm.data.resolve_data_config({}, model=vit)
+    if cfg.image_mean is None:
+        cfg.image_mean = tuple(float(x) for x in data_cfg["mean"])
+    if cfg.image_std is None:
+        cfg.image_std = tuple(float(x) for x in data_cfg["std"])
+
+
+def _to_rgb(image):
+    return image.convert("RGB")
+
+
+def image_transform(cfg):
+    """PIL image -> normalised (3, image_size, image_size) tensor, from the model config alone.
+
+    No flips or crops that move content: captions name positions, so geometry must be preserved.
+    """
+    from torchvision import transforms as T
+
+    interp = T.InterpolationMode(cfg.image_interpolation)
+    return T.Compose([
+        T.Lambda(_to_rgb),
+        T.Resize((cfg.image_size, cfg.image_size), interpolation=interp, antialias=True),
+        T.ToTensor(),
+        T.Normalize(cfg.image_mean, cfg.image_std),
+    ])
+
+
+def patch_tokens(vit: nn.Module, pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> (patch tokens (B, S, C), pooled (B, C)) from a timm ViT."""
+    feats = vit.forward_features(pixels)  # (B, prefix + S, C)
+    pooled = vit.forward_head(feats, pre_logits=True)  # (B, C)
+    return feats[:, vit.num_prefix_tokens:], pooled

@@ -1,0 +1,65 @@
+"""The entry points end to end at test size: train.py -> model.pt -> eval.py -> JSON."""
+
+import json
+
+import pytest
+
+import eval as eval_app
+import train as train_app
+from tests.conftest import TINY
+
+METRIC_KEYS = {f"{d}_R@{k}" for d in ("image_to_text", "text_to_image") for k in (1, 5, 10)} | {
+    f"{d}_{s}_rank" for d in ("image_to_text", "text_to_image") for s in ("mean", "median")}
+
+
+def _train(tmp_path, config="configs/synthetic.yaml", steps=3):
+    args = ["--config", config, "--out_dir", str(tmp_path), "--trainer.max_steps", str(steps),
+            "--trainer.batch_size", "8", "--trainer.val_every_n_steps", "2", "--data.train_size", "64",
+            "--data.val_size", "6", "--data.num_workers", "0", "--data.image_size", "32",
+            "--trainer.checkpoint_every_n_steps", "2", "--trainer.log_every_n_steps", "1"]
+    for k, v in TINY.items():
+        args += [f"--model_args.{k}", str(v)]
+    return train_app.main(args)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    return _train(tmp_path_factory.mktemp("run"))
+
+
+def test_train_writes_run_folder(trained):
+    run = trained.parent
+    assert trained.name == "model.pt" and trained.is_file()
+    assert (run / "config.yaml").read_text().startswith("# python train.py --config")
+    assert list((run / "checkpoints").glob("*.ckpt"))
+    header = (run / "metrics.csv").read_text().splitlines()[0]
+    assert "train/loss_geometric" in header and "val/geometric/text_to_image_R@1" in header
+
+
+@pytest.mark.parametrize("mode", ["exact", "two-stage"])
+def test_eval_writes_the_protocol_json(trained, tmp_path, mode, capsys):
+    out = tmp_path / "r.json"
+    eval_app.main(["--ckpt", str(trained), "--split", "test", "--limit", "10", "--out", str(out), "--mode", mode,
+                   "--k-prime", "4"])
+    result = json.loads(out.read_text())
+    assert {"dataset", "model", "task", "metrics", "counts", "mode"} <= set(result)
+    assert set(result["metrics"]) == METRIC_KEYS
+    assert result["counts"] == {"images": 10, "captions": 50}
+    assert all(0 <= result["metrics"][k] <= 1 for k in METRIC_KEYS if "R@" in k)
+    assert ("first_stage" in result) == (mode == "two-stage")
+    printed = capsys.readouterr().out
+    assert "text to image" in printed and "R@10" in printed
+
+
+def test_lightning_checkpoint_evaluates_too(trained, tmp_path):
+    ckpt = trained.parent / "checkpoints" / "last.ckpt"
+    result = eval_app.main(["--ckpt", str(ckpt), "--limit", "5"])
+    assert result["counts"]["images"] == 5
+
+
+def test_clip_baseline_trains_and_refuses_two_stage(tmp_path):
+    model = _train(tmp_path, "configs/synthetic_clip.yaml", steps=2)
+    result = eval_app.main(["--ckpt", str(model), "--limit", "5"])
+    assert result["score"] == "global"
+    with pytest.raises(SystemExit, match="two-stage"):
+        eval_app.main(["--ckpt", str(model), "--limit", "5", "--mode", "two-stage"])

@@ -1,0 +1,92 @@
+import re
+
+import numpy as np
+import pytest
+
+from mmgeo.data import ShapesWorld, build_dataset
+from mmgeo.data.shapes import COLORS, SHAPES, SPLITS
+
+
+def test_split_sizes_mirror_flickr30k():
+    assert {s: len(ShapesWorld(s)) for s in SPLITS} == {"train": 29_000, "val": 1_014, "test": 1_000}
+
+
+def test_same_seed_same_sample_other_seed_other_sample():
+    a, b, c = ShapesWorld("test", seed=0), ShapesWorld("test", seed=0), ShapesWorld("test", seed=1)
+    for i in (0, 17, 999):
+        (ia, ca), (ib, cb), (ic, cc) = a[i], b[i], c[i]
+        assert ca == cb and np.array_equal(np.asarray(ia), np.asarray(ib))
+        assert ca != cc or not np.array_equal(np.asarray(ia), np.asarray(ic))
+
+
+def test_splits_differ():
+    assert ShapesWorld("train")[0][1] != ShapesWorld("test")[0][1]
+
+
+def test_image_size_configurable():
+    img, _ = ShapesWorld("test", image_size=48)[3]
+    assert img.size == (48, 48) and img.mode == "RGB"
+    assert ShapesWorld("test")[3][0].size == (64, 64)
+
+
+def test_five_distinct_captions_that_use_varied_templates():
+    ds = ShapesWorld("test")
+    starts = set()
+    for i in range(50):
+        _, caps = ds[i]
+        assert len(caps) == 5 and len(set(caps)) == 5
+        starts |= {c.split()[0] for c in caps}
+    assert {"there", "a", "in", "one", "two", "three", "four"} <= starts
+
+
+def test_captions_describe_every_object_with_bound_attributes():
+    ds = ShapesWorld("test")
+    for i in range(100):
+        objects, (_, caps) = ds.scene(i), ds[i]
+        for cap in caps:
+            found = re.findall(r"(\w+) (\w+) (circle|square|triangle|diamond)", cap)
+            described = sorted((color, shape) for _, color, shape in found)
+            assert described == sorted((o.color, o.shape) for o in objects), cap
+
+
+def test_few_duplicate_scenes_in_test_split():
+    ds = ShapesWorld("test")
+    scenes = {tuple(sorted((o.shape, o.color, o.size, o.cell) for o in ds.scene(i))) for i in range(len(ds))}
+    assert len(scenes) >= 990
+
+
+def test_attribute_binding_matters():
+    """Scenes that differ only in which shape carries which colour exist, and their captions differ."""
+    ds = ShapesWorld("train", size=5000)
+    seen = {}
+    for i in range(len(ds)):
+        objs = ds.scene(i)
+        if len(objs) == 2 and objs[0].shape != objs[1].shape and objs[0].color != objs[1].color:
+            seen.setdefault(frozenset((o.shape, o.color) for o in objs), i)
+    swaps = 0
+    for key, i in seen.items():
+        (s1, c1), (s2, c2) = sorted(key)
+        j = seen.get(frozenset({(s1, c2), (s2, c1)}))
+        if j is not None:
+            swaps += 1
+            assert set(ds[i][1]).isdisjoint(ds[j][1])
+    assert swaps > 0
+
+
+def test_vocabulary_covers_captions():
+    vocab = set(ShapesWorld.vocabulary())
+    ds = ShapesWorld("train", size=300)
+    words = {w for i in range(len(ds)) for c in ds[i][1] for w in c.split()}
+    assert words <= vocab
+    assert set(SHAPES) | set(COLORS) <= vocab
+
+
+def test_bad_arguments_raise():
+    with pytest.raises(ValueError, match="unknown split"):
+        ShapesWorld("dev")
+    with pytest.raises(ValueError, match="too small"):
+        ShapesWorld("test", image_size=8)
+    with pytest.raises(IndexError, match="out of range"):
+        ShapesWorld("test")[1000]
+    with pytest.raises(ValueError, match="unknown dataset"):
+        build_dataset("coco", "test")

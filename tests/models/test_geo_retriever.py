@@ -1,0 +1,112 @@
+import pytest
+import torch
+
+import mmgeo
+from mmgeo.data import ShapesWorld
+from mmgeo.losses import retrieval_loss, symmetric_infonce
+from mmgeo.models import Embedding
+
+
+@pytest.fixture(scope="module")
+def batch():
+    ds = ShapesWorld("test", image_size=32, size=6)
+    return [ds[i][0] for i in range(6)], [ds[i][1][i % 5] for i in range(6)]
+
+
+def test_registry_lists_variants_and_rejects_unknowns(tiny_overrides):
+    assert {"geo-tiny", "clip-tiny", "geo-vitb16-bert", "clip-vitb16-bert"} <= set(mmgeo.list_models())
+    with pytest.raises(ValueError, match="unknown model 'geo-huge'"):
+        mmgeo.create_model("geo-huge")
+    with pytest.raises(ValueError, match=r"unknown ModelConfig field\(s\) \['d_z'\]"):
+        mmgeo.create_model("geo-tiny", d_z=3)
+
+
+def test_forward_shapes(tiny_model, batch):
+    images, captions = batch
+    cfg = tiny_model.cfg
+    t, i = tiny_model.encode_text(captions), tiny_model.encode_image(images)
+    T = t.mask.shape[1]
+    assert t.pooled.shape == (6, cfg.d_global) and i.pooled.shape == (6, cfg.d_global)
+    assert t.attn.shape == (6, cfg.num_heads, T, cfg.d_a) and t.value.shape == (6, cfg.num_heads, T, cfg.d_e)
+    S = (cfg.image_size // cfg.patch_size) ** 2
+    assert i.attn.shape == (6, cfg.num_heads, S, cfg.d_a) and i.mask.shape == (6, S)
+    torch.testing.assert_close(t.value.norm(dim=-1), torch.ones(6, cfg.num_heads, T))
+    assert tiny_model.score(t, i).shape == (6, 6) and tiny_model.score(t, i, "global").shape == (6, 6)
+
+
+def test_padding_never_changes_a_score(tiny_model, batch):
+    images, captions = batch
+    img = tiny_model.encode_image(images)
+    short = min(captions, key=len)
+    alone = tiny_model.encode_text([short])
+    padded = tiny_model.encode_text([short, "a big red circle " * 6 + "in the center"])  # forces padding
+    assert padded.mask[0].sum() < padded.mask.shape[1]
+    for mode in ("geometric", "global"):
+        torch.testing.assert_close(tiny_model.score(padded[0:1], img, mode), tiny_model.score(alone, img, mode),
+                                   atol=1e-5, rtol=1e-5)
+
+
+def test_encode_image_accepts_pil_or_preprocessed_tensor(tiny_model, batch):
+    images, _ = batch
+    from_pil = tiny_model.encode_image(images)
+    pixels = torch.stack([tiny_model.preprocess(im) for im in images])
+    torch.testing.assert_close(tiny_model.encode_image(pixels).attn, from_pil.attn)
+    with pytest.raises(ValueError, match=r"\(N, 3, 32, 32\)"):
+        tiny_model.encode_image(torch.zeros(2, 3, 16, 16))
+
+
+def test_bad_text_input(tiny_model):
+    with pytest.raises(ValueError, match="empty caption"):
+        tiny_model.encode_text(["a red circle", "  "])
+    with pytest.raises(TypeError, match="list of strings"):
+        tiny_model.encode_text("a red circle")
+
+
+def test_long_caption_is_truncated_with_a_warning(tiny_model):
+    with pytest.warns(UserWarning, match="truncated"):
+        e = tiny_model.encode_text(["a red circle " * 40])
+    assert e.mask.shape[1] == tiny_model.cfg.max_text_len
+
+
+def test_clip_baseline_is_global_only(tiny_overrides, batch):
+    images, captions = batch
+    clip = mmgeo.create_model("clip-tiny", **tiny_overrides).eval()
+    assert not clip.geometric and not hasattr(clip, "key_head")
+    t, i = clip.encode_text(captions), clip.encode_image(images)
+    assert t.attn is None and clip.score(t, i, "global").shape == (6, 6)
+    with pytest.raises(ValueError, match="no geometric score"):
+        clip.score(t, i)
+    assert set(clip.logits(t, i)) == {"global"}
+
+
+@pytest.mark.parametrize("opts", [dict(gated_value=True), dict(lowrank_rank=4), dict(spatial_gate=True)])
+def test_options_build_and_train_a_step(tiny_overrides, batch, opts):
+    images, captions = batch
+    model = mmgeo.create_model("geo-tiny", **{**tiny_overrides, **opts})
+    tok = model.tokenize(captions)
+    pixels = torch.stack([model.preprocess(im) for im in images])
+    loss = retrieval_loss(model.logits(*model(tok["input_ids"], tok["attention_mask"], pixels)))["loss"]
+    loss.backward()
+    assert torch.isfinite(loss)
+    assert model.key_head.proj.weight.grad.abs().sum() > 0 and model.query_mlp.fc2.weight.grad.abs().sum() > 0
+
+
+def test_loss_is_symmetric_and_prefers_the_diagonal():
+    torch.manual_seed(0)
+    logits = torch.randn(5, 5)
+    torch.testing.assert_close(symmetric_infonce(logits), symmetric_infonce(logits.T))
+    assert symmetric_infonce(10 * torch.eye(5)) < symmetric_infonce(torch.zeros(5, 5))
+    torch.testing.assert_close(symmetric_infonce(torch.zeros(4, 4)), torch.log(torch.tensor(4.0)))
+    with pytest.raises(ValueError, match="square"):
+        symmetric_infonce(torch.zeros(3, 4))
+    both = retrieval_loss({"geometric": logits, "global": logits.T}, global_weight=0.5)
+    torch.testing.assert_close(both["loss"], 1.5 * symmetric_infonce(logits))
+
+
+def test_embedding_cat_pads_token_dims():
+    a = Embedding(torch.randn(2, 4), torch.randn(2, 1, 3, 5), torch.randn(2, 1, 3, 2), torch.ones(2, 3, dtype=bool))
+    b = Embedding(torch.randn(1, 4), torch.randn(1, 1, 5, 5), torch.randn(1, 1, 5, 2), torch.ones(1, 5, dtype=bool))
+    c = Embedding.cat([a, b])
+    assert c.attn.shape == (3, 1, 5, 5) and c.mask.shape == (3, 5)
+    assert not c.mask[:2, 3:].any() and c.mask[2].all()
+    assert len(c[1:]) == 2

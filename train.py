@@ -1,0 +1,217 @@
+"""Train a retrieval model contrastively with Lightning.
+
+    python train.py --config configs/synthetic.yaml [--trainer.max_steps 300 --model_args.d_a 64 ...]
+
+Writes under runs/<name>/: config.yaml (the resolved config), metrics.csv (losses, temperatures,
+validation R@K), checkpoints/ (Lightning, for resuming), model.pt (for eval.py / load_model).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import lightning as L
+import numpy as np
+import torch
+import yaml
+from torch.utils.data import DataLoader, Dataset
+
+from mmgeo.checkpoint import model_record, save_model
+from mmgeo.config import load_config, to_dict
+from mmgeo.data import build_dataset
+from mmgeo.losses import retrieval_loss
+from mmgeo.metrics import retrieval_metrics
+from mmgeo.models import create_model
+from mmgeo.retrieval import encode_split, exact_scores
+
+
+@dataclass
+class DataConfig:
+    name: str = "synthetic"  # dataset: "synthetic" = the embedded shapes world
+    seed: int = 0  # dataset seed (scenes and captions)
+    image_size: int = 64  # side of the generated images in pixels
+    train_size: int | None = None  # images of the train split to use (None = all)
+    val_size: int = 200  # val images scored for R@K during training (0 = no validation)
+    num_workers: int = 1  # DataLoader worker processes
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-3  # peak AdamW learning rate
+    weight_decay: float = 0.05  # AdamW weight decay (not on biases, norms, temperatures)
+    betas: tuple[float, float] = (0.9, 0.98)  # AdamW betas (CLIP's)
+    warmup_steps: int = 50  # linear warm-up, then cosine decay to 0 at max_steps
+
+
+@dataclass
+class LossConfig:
+    global_weight: float = 1.0  # λ: weight of the global InfoNCE next to the geometric one
+
+
+@dataclass
+class TrainerConfig:
+    max_steps: int = 1000  # optimiser steps
+    batch_size: int = 128  # image–caption pairs per step (one random caption of five per image)
+    accelerator: str = "auto"  # Lightning accelerator: cpu, gpu, auto
+    devices: int = 1  # devices to train on
+    precision: str = "32-true"  # Lightning precision, e.g. bf16-mixed on GPU
+    val_every_n_steps: int = 250  # validation R@K interval (0 = only at the end)
+    log_every_n_steps: int = 10  # metrics logging interval
+    checkpoint_every_n_steps: int = 500  # Lightning checkpoint interval
+    seed: int = 0  # seed of weights, caption choice and data order
+    threads: int = 0  # torch CPU threads (0 = torch's default)
+
+
+@dataclass
+class TrainConfig:
+    name: str = "synthetic"  # run name: outputs go to <out_dir>/<name>/
+    out_dir: str = "runs"  # root of run folders
+    model: str = "geo-tiny"  # registered model variant (mmgeo.list_models())
+    model_args: dict = field(default_factory=dict)  # ModelConfig overrides, e.g. {d_a: 64}
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+
+class CaptionPairs(Dataset):
+    """One (pixels, caption) pair per image; the caption is one of the image's five, drawn from
+    (seed, epoch, index) so that every epoch sees a fresh but reproducible choice."""
+
+    def __init__(self, dataset, transform, seed: int):
+        self.dataset, self.transform, self.seed, self.epoch = dataset, transform, seed, 0
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, i: int):
+        image, captions = self.dataset[i]
+        j = np.random.default_rng([self.seed, self.epoch, i]).integers(len(captions))
+        return self.transform(image), captions[j]
+
+
+class Collate:
+    def __init__(self, tokenize):
+        self.tokenize = tokenize
+
+    def __call__(self, batch):
+        pixels = torch.stack([p for p, _ in batch])  # (B, 3, H, W)
+        return {**self.tokenize([c for _, c in batch]), "pixels": pixels}
+
+
+class RetrievalModule(L.LightningModule):
+    def __init__(self, cfg: TrainConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.model = create_model(cfg.model, **{**cfg.model_args, "extra": {"dataset": cfg.data.name}})
+
+    def training_step(self, batch, batch_idx):
+        text, image = self.model(batch["input_ids"], batch["attention_mask"], batch["pixels"])
+        losses = retrieval_loss(self.model.logits(text, image), self.cfg.loss.global_weight)
+        self.log_dict({f"train/{k}": v for k, v in losses.items()}, prog_bar=True, batch_size=len(batch["pixels"]))
+        scales = {"train/temp_global": 1 / self.model.logit_scale_global.exp()}
+        if self.model.geometric:
+            scales["train/temp_geo"] = 1 / self.model.logit_scale_geo.exp()
+        self.log_dict(scales, batch_size=len(batch["pixels"]))
+        return losses["loss"]
+
+    def configure_optimizers(self):
+        decay, no_decay = [], []
+        for name, p in self.model.named_parameters():
+            (no_decay if p.dim() < 2 or "logit_scale" in name else decay).append(p)
+        o = self.cfg.optim
+        opt = torch.optim.AdamW([{"params": decay, "weight_decay": o.weight_decay},
+                                 {"params": no_decay, "weight_decay": 0.0}], lr=o.lr, betas=tuple(o.betas))
+        total, warm = self.cfg.trainer.max_steps, o.warmup_steps
+
+        def schedule(step):
+            if step < warm:
+                return (step + 1) / warm
+            return 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warm) / max(1, total - warm))))
+
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    def on_train_epoch_start(self):
+        self.trainer.train_dataloader.dataset.epoch = self.current_epoch
+
+    def on_save_checkpoint(self, checkpoint):
+        checkpoint["mmgeo"] = model_record(self.model)
+
+
+class ValidationRecall(L.Callback):
+    """Text->image and image->text R@K on a val subset every N steps and at the end."""
+
+    def __init__(self, dataset, every_n_steps: int):
+        self.dataset, self.every = dataset, every_n_steps
+
+    def _run(self, trainer, module):
+        model = module.model
+        was_training = model.training
+        model.eval()
+        split = encode_split(model, self.dataset, progress=False)
+        metrics = {}
+        for mode in ("global", "geometric") if model.geometric else ("global",):
+            m = retrieval_metrics(exact_scores(model, split.texts, split.images, mode, progress=False),
+                                  split.text_to_image)
+            metrics.update({f"val/{mode}/{k}": v for k, v in m.items() if "R@" in k})
+        model.train(was_training)
+        if trainer.logger is not None:
+            trainer.logger.log_metrics(metrics, step=trainer.global_step)
+            trainer.logger.save()
+        key = f"val/{model.default_mode}/text_to_image_R@1"
+        print(f"\nstep {trainer.global_step}: val {key.split('/', 2)[2]} ({model.default_mode}) = {metrics[key]:.3f}")
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        step = trainer.global_step
+        if self.every and step % self.every == 0 and step < trainer.max_steps:
+            self._run(trainer, module)
+
+    def on_train_end(self, trainer, module):
+        self._run(trainer, module)
+
+
+def main(argv: list[str] | None = None) -> Path:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", required=True, help="YAML file (see configs/)")
+    args, overrides = parser.parse_known_args(argv)
+    cfg = load_config(TrainConfig, args.config, overrides)
+    if cfg.trainer.threads:
+        torch.set_num_threads(cfg.trainer.threads)
+    L.seed_everything(cfg.trainer.seed, workers=True, verbose=False)
+    run_dir = Path(cfg.out_dir) / cfg.name
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(f"# python train.py --config {run_dir / 'config.yaml'}\n"
+                                         + yaml.safe_dump(to_dict(cfg), sort_keys=False))
+
+    module = RetrievalModule(cfg)
+    d = cfg.data
+    train = build_dataset(d.name, "train", seed=d.seed, image_size=d.image_size, size=d.train_size)
+    loader = DataLoader(CaptionPairs(train, module.model.preprocess, cfg.trainer.seed),
+                        batch_size=cfg.trainer.batch_size, shuffle=True, drop_last=True,
+                        num_workers=d.num_workers, collate_fn=Collate(module.model.tokenize))
+    callbacks = [L.pytorch.callbacks.ModelCheckpoint(dirpath=run_dir / "checkpoints", save_last=True,
+                                                     every_n_train_steps=cfg.trainer.checkpoint_every_n_steps),
+                 L.pytorch.callbacks.LearningRateMonitor("step")]
+    if d.val_size:
+        val = build_dataset(d.name, "val", seed=d.seed, image_size=d.image_size, size=d.val_size)
+        callbacks.append(ValidationRecall(val, cfg.trainer.val_every_n_steps))
+    t = cfg.trainer
+    trainer = L.Trainer(max_steps=t.max_steps, accelerator=t.accelerator, devices=t.devices, precision=t.precision,
+                        logger=L.pytorch.loggers.CSVLogger(cfg.out_dir, name=cfg.name, version=""),
+                        callbacks=callbacks, log_every_n_steps=t.log_every_n_steps, enable_model_summary=False,
+                        limit_val_batches=0, num_sanity_val_steps=0)
+    start = time.time()
+    trainer.fit(module, loader)
+    out = save_model(module.model, run_dir / "model.pt")
+    print(f"trained {t.max_steps} steps in {time.time() - start:.0f} s; model written to {out}")
+    return out
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
