@@ -6,7 +6,7 @@
 exact: every (caption, image) pair scored by the model's own score (geometric, or global for a
 CLIP-baseline model). two-stage: FAISS top-K' on the global vectors, re-ranked by the geometric score.
 Prints a table and writes a JSON with "metrics" (R@1/5/10, mean / median rank, both directions)
-and "counts" (images and captions evaluated).
+and "counts" (images and captions evaluated); --plot draws the recall@K curves.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ import torch
 
 from mmgeo.checkpoint import load_model
 from mmgeo.data import build_dataset
-from mmgeo.metrics import DEFAULT_KS, retrieval_metrics
+from mmgeo.metrics import DEFAULT_KS, image_to_text_ranks, retrieval_metrics, text_to_image_ranks
+from mmgeo.plots import plot_recall_curves
 from mmgeo.retrieval import encode_split, exact_scores, two_stage_scores
 
 
@@ -51,13 +52,15 @@ def evaluate(args) -> dict:
     result = {"dataset": args.data, "split": args.split, "model": str(args.ckpt), "score": model.default_mode,
               "mode": args.mode, "task": "retrieval"}
     if args.mode == "exact":
-        scores = exact_scores(model, split.texts, split.images, model.default_mode)
-        metrics = retrieval_metrics(scores, split.text_to_image)
+        t2i = i2t = exact_scores(model, split.texts, split.images, model.default_mode)
     else:
-        t2i, i2t, first_stage = two_stage_scores(model, split, k_prime=args.k_prime)
-        metrics = retrieval_metrics(t2i, split.text_to_image, scores_i2t=i2t)
-        result["first_stage"] = first_stage
-    result["metrics"] = metrics
+        t2i, i2t, result["first_stage"] = two_stage_scores(model, split, k_prime=args.k_prime)
+    result["metrics"] = retrieval_metrics(t2i, split.text_to_image, scores_i2t=i2t)
+    if args.plot:
+        ranks = {"text -> image": text_to_image_ranks(t2i, split.text_to_image),
+                 "image -> text": image_to_text_ranks(i2t, split.text_to_image)}
+        title = f"{args.data} {args.split}: {model.default_mode} score, {args.mode}"
+        result["plot"] = str(plot_recall_curves(ranks, args.plot, title=title))
     result["counts"] = {"images": len(split.images), "captions": len(split.texts)}
     result["timing_s"] = {"encode": round(encode_s, 2), "score": round(time.time() - start - encode_s, 2)}
     return result
@@ -76,6 +79,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--limit", type=int, default=None, help="evaluate only the first N images")
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--device", default=None, help="cpu / cuda (default: cuda when available)")
+    p.add_argument("--plot", default=None, help="write recall@K curves (K = 1..50) to this PNG")
     args = p.parse_args(argv)
     if args.k_prime <= 0:
         p.error(f"--k-prime must be positive, got {args.k_prime}")

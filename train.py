@@ -38,6 +38,7 @@ class DataConfig:
     train_size: int | None = None  # images of the train split to use (None = all)
     val_size: int = 200  # val images scored for R@K during training (0 = no validation)
     num_workers: int = 1  # DataLoader worker processes
+    hard_negatives: bool = True  # pair each image with a one-change variant in the batch (synthetic only)
 
 
 @dataclass
@@ -80,19 +81,25 @@ class TrainConfig:
 
 
 class CaptionPairs(Dataset):
-    """One (pixels, caption) pair per image; the caption is one of the image's five, drawn from
-    (seed, epoch, index) so that every epoch sees a fresh but reproducible choice."""
+    """(pixels, caption) pairs of one image; the caption is one of the image's five, drawn from
+    (seed, epoch, index) so that every epoch sees a fresh but reproducible choice. With
+    ``hard_negatives`` the image's one-change variant (``dataset.variant(i)``) comes along, so the
+    two sit in the same batch as each other's hardest negative."""
 
-    def __init__(self, dataset, transform, seed: int):
+    def __init__(self, dataset, transform, seed: int, hard_negatives: bool = False):
+        if hard_negatives and not hasattr(dataset, "variant"):
+            raise ValueError(f"{type(dataset).__name__} cannot make hard-negative variants; "
+                             "set data.hard_negatives: false")
         self.dataset, self.transform, self.seed, self.epoch = dataset, transform, seed, 0
+        self.hard_negatives = hard_negatives
 
     def __len__(self) -> int:
         return len(self.dataset)
 
-    def __getitem__(self, i: int):
-        image, captions = self.dataset[i]
-        j = np.random.default_rng([self.seed, self.epoch, i]).integers(len(captions))
-        return self.transform(image), captions[j]
+    def __getitem__(self, i: int) -> list[tuple[torch.Tensor, str]]:
+        rng = np.random.default_rng([self.seed, self.epoch, i])
+        samples = [self.dataset[i]] + ([self.dataset.variant(i)] if self.hard_negatives else [])
+        return [(self.transform(image), captions[rng.integers(len(captions))]) for image, captions in samples]
 
 
 class Collate:
@@ -100,8 +107,9 @@ class Collate:
         self.tokenize = tokenize
 
     def __call__(self, batch):
-        pixels = torch.stack([p for p, _ in batch])  # (B, 3, H, W)
-        return {**self.tokenize([c for _, c in batch]), "pixels": pixels}
+        pairs = [pair for item in batch for pair in item]
+        pixels = torch.stack([p for p, _ in pairs])  # (B, 3, H, W)
+        return {**self.tokenize([c for _, c in pairs]), "pixels": pixels}
 
 
 class RetrievalModule(L.LightningModule):
@@ -192,8 +200,11 @@ def main(argv: list[str] | None = None) -> Path:
     module = RetrievalModule(cfg)
     d = cfg.data
     train = build_dataset(d.name, "train", seed=d.seed, image_size=d.image_size, size=d.train_size)
-    loader = DataLoader(CaptionPairs(train, module.model.preprocess, cfg.trainer.seed),
-                        batch_size=cfg.trainer.batch_size, shuffle=True, drop_last=True,
+    pairs = CaptionPairs(train, module.model.preprocess, cfg.trainer.seed, d.hard_negatives)
+    per_item = 2 if d.hard_negatives else 1
+    if cfg.trainer.batch_size % per_item:
+        raise SystemExit(f"trainer.batch_size={cfg.trainer.batch_size} must be even with data.hard_negatives")
+    loader = DataLoader(pairs, batch_size=cfg.trainer.batch_size // per_item, shuffle=True, drop_last=True,
                         num_workers=d.num_workers, collate_fn=Collate(module.model.tokenize))
     callbacks = [L.pytorch.callbacks.ModelCheckpoint(dirpath=run_dir / "checkpoints", save_last=True,
                                                      every_n_train_steps=cfg.trainer.checkpoint_every_n_steps),

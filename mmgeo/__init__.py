@@ -17,6 +17,8 @@ _EXPORTS = {
     "GeoRetriever": "mmgeo.models",
     "ModelConfig": "mmgeo.models",
     "Embedding": "mmgeo.models",
+    "GeometricAttentionBlock": "mmgeo.layers",
+    "convert_attention": "mmgeo.layers",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -6,4 +6,5 @@ cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
 export HF_HUB_OFFLINE=1
 .venv/bin/python train.py --config configs/synthetic.yaml "$@"
-.venv/bin/python eval.py --ckpt runs/synthetic/model.pt --data synthetic --split test --out runs/synthetic/results.json
+.venv/bin/python eval.py --ckpt runs/synthetic/model.pt --data synthetic --split test --out runs/synthetic/results.json \
+  --plot runs/synthetic/recall.png

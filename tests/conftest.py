@@ -5,6 +5,10 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+if not torch.cuda.is_available():
+    # Kernel tests run Triton on CPU through its interpreter, which is read when triton is first
+    # imported — and Lightning imports triton, so this must happen before any test module loads.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 # A geo-tiny shrunk to test size: same code paths, seconds to build and run.
 TINY = dict(text_hidden=32, text_layers=1, text_heads=2, image_embed_dim=32, image_depth=1, image_heads=2,

@@ -14,7 +14,7 @@ seed 0); captions never mention the background or the small position jitter.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from PIL import Image, ImageDraw
@@ -64,6 +64,36 @@ def _relation(a: ShapeObject, b: ShapeObject) -> str:
     if vertical and horizontal:
         return f"{vertical} and {horizontal}"
     return vertical or horizontal
+
+
+def perturb(objects: list[ShapeObject], rng: np.random.Generator) -> list[ShapeObject]:
+    """The scene with exactly one change that its captions would state differently."""
+    objs = list(objects)
+    i = int(rng.integers(len(objs)))
+    o = objs[i]
+    kinds = ["color", "shape", "size", "move"]
+    if len(objs) > 1:
+        kinds += ["swap_colors", "swap_cells"]
+    kind = kinds[rng.integers(len(kinds))]
+    if kind == "color":
+        objs[i] = replace(o, color=rng.choice([c for c in COLORS if c != o.color]).item())
+    elif kind == "shape":
+        objs[i] = replace(o, shape=rng.choice([s for s in SHAPES if s != o.shape]).item())
+    elif kind == "size":
+        objs[i] = replace(o, size="large" if o.size == "small" else "small")
+    elif kind == "move":
+        free = [(r, c) for r in range(3) for c in range(3) if (r, c) not in {x.cell for x in objs}]
+        objs[i] = replace(o, cell=free[rng.integers(len(free))])
+    else:
+        j = int(rng.choice([j for j in range(len(objs)) if j != i]))
+        a, b = objs[i], objs[j]
+        if kind == "swap_colors" and a.color != b.color:
+            objs[i], objs[j] = replace(a, color=b.color), replace(b, color=a.color)
+        elif kind == "swap_cells" and (a.shape, a.color, a.size) != (b.shape, b.color, b.size):
+            objs[i], objs[j] = replace(a, cell=b.cell), replace(b, cell=a.cell)
+        else:  # the swap would change nothing: recolour instead
+            objs[i] = replace(a, color=rng.choice([c for c in COLORS if c != a.color]).item())
+    return objs
 
 
 class ShapesWorld:
@@ -116,6 +146,18 @@ class ShapesWorld:
         rng = np.random.default_rng([self.seed, _SPLIT_IDS[self.split], idx, 1])  # drawing + wording
         return self._render(objects, rng), self._captions(objects, rng)
 
+    def variant(self, idx: int) -> tuple[Image.Image, list[str]]:
+        """A hard negative for image ``idx``: its scene with one thing changed (a colour, a shape, a
+        size, a position, or two objects' colours or places swapped), drawn and captioned anew.
+
+        Training on such pairs side by side makes the contrast hinge on binding and position rather
+        than on which colours are present (NegCLIP, Yuksekgonul et al., ICLR 2023, does the same with
+        text-side negatives).
+        """
+        rng = np.random.default_rng([self.seed, _SPLIT_IDS[self.split], idx, 2])
+        objects = perturb(self.scene(idx), rng)
+        return self._render(objects, rng), self._captions(objects, rng)
+
     # ---------------------------------------------------------------- drawing
     def _render(self, objects: list[ShapeObject], rng: np.random.Generator) -> Image.Image:
         ss = 4  # supersampling factor for anti-aliased edges
@@ -125,8 +167,8 @@ class ShapesWorld:
         draw = ImageDraw.Draw(img)
         cell = side / 3
         for obj in objects:
-            radius = cell * (0.2 if obj.size == "small" else 0.4) * rng.uniform(0.9, 1.1)
-            jitter = max(0.0, cell * 0.46 - radius)  # keep the shape inside its cell
+            radius = cell * (0.24 if obj.size == "small" else 0.42) * rng.uniform(0.92, 1.08)
+            jitter = max(0.0, cell * 0.47 - radius)  # keep the shape inside its cell
             cy = (obj.cell[0] + 0.5) * cell + rng.uniform(-jitter, jitter)
             cx = (obj.cell[1] + 0.5) * cell + rng.uniform(-jitter, jitter)
             color = tuple(int(np.clip(c + rng.integers(-15, 16), 0, 255)) for c in COLORS[obj.color])

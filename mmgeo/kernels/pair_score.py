@@ -8,21 +8,29 @@ Shapes and dtypes:
     u (B_t, H, T, d_e)  -- used as given; the model L2-normalises it first
     k (B_i, H, S, d_a)  k_mask (B_i, S) bool, True = real patch (every image needs one)
     v (B_i, H, S, d_e)
-    -> (B_t, B_i) in float32 (float64 for float64 inputs); fp32 / fp16 / bf16 inputs, any device.
+    -> (B_t, B_i) in float32 (float64 for float64 inputs).
+    Any T, S, d_a, d_e (d_a may differ from d_e). Reference: fp64 / fp32 / fp16 / bf16, any device.
+    Triton kernel: fp32 / fp16 / bf16 on CUDA; fp32 / fp16 on CPU under ``TRITON_INTERPRET=1``.
 
 ``pair_score_naive`` materialises the (B_t, B_i, H, T, S) weights: it is the readable definition
 and the baseline for benchmarks. ``pair_score_reference`` computes the same numbers in blocks of at
 most ``chunk_elements`` attention weights, with captions sorted by length so each block is trimmed
 to its longest caption; under autograd each block is recomputed in backward (activation
-checkpointing), so peak memory grows with the block, not with B_t·B_i·T·S. The fused Triton kernel
-(FlashAttention-style online softmax) lands with issue 4; until then ``pair_score`` dispatches to
-the reference on every device.
+checkpointing), so peak memory grows with the block, not with B_t·B_i·T·S.
+
+The fused Triton kernels (``_pair_score_triton``, imported only when used) run FlashAttention's
+online softmax (Dao et al. 2022) over patch tiles with the <u, v> GEMM fused in, forward and
+backward; they never write B_t·B_i·T·S weights, only two floats per (image, head, caption, token)
+for backward (FlashAttention's log-sum-exp trick). ``pair_score`` picks the path with
+``MMGEO_KERNELS`` = auto | triton | reference (see ``mmgeo.kernels._common``).
 """
 
 from __future__ import annotations
 
 import torch
 from torch.utils.checkpoint import checkpoint
+
+from mmgeo.kernels._common import use_triton
 
 DEFAULT_CHUNK_ELEMENTS = 1 << 26  # attention weights alive at once (256 MiB in fp32)
 
@@ -104,7 +112,52 @@ def pair_score_reference(q, q_mask, u, k, k_mask, v, scale: float | None = None,
     return out[torch.argsort(order)]
 
 
+# Triton kernels and their launchers: mmgeo/kernels/_pair_score_triton.py (imports triton; loaded lazily).
+
+
+class _PairScoreTriton(torch.autograd.Function):
+    """Fused forward; backward recomputes the weights from the saved log-sum-exp (FlashAttention-style)."""
+
+    @staticmethod
+    def forward(ctx, q, q_mask, u, k, k_mask, v, scale):
+        from mmgeo.kernels._pair_score_triton import pair_score_fwd
+
+        store = any(ctx.needs_input_grad[i] for i in (0, 2, 3, 5))
+        out, lse, o = pair_score_fwd(q, q_mask, u, k, k_mask, v, scale, store_stats=store)
+        if store:
+            ctx.save_for_backward(q, q_mask, u, k, k_mask, v, lse, o)
+        ctx.scale = scale
+        return out  # (B_t, B_i) fp32
+
+    @staticmethod
+    def backward(ctx, grad):
+        from mmgeo.kernels._pair_score_triton import pair_score_bwd
+
+        q, q_mask, u, k, k_mask, v, lse, o = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        dq, du, dk, dv = pair_score_bwd(grad, q, q_mask, u, k, k_mask, v, lse, o, ctx.scale,
+                                        text=need[0] or need[2], image=need[3] or need[5])
+        return dq, None, du, dk, None, dv, None
+
+
+def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
 def pair_score(q, q_mask, u, k, k_mask, v, scale: float | None = None,
                chunk_elements: int = DEFAULT_CHUNK_ELEMENTS) -> torch.Tensor:
-    """Public entry point: geometric score (B_t, B_i). Reference path on every device for now."""
-    return pair_score_reference(q, q_mask, u, k, k_mask, v, scale=scale, chunk_elements=chunk_elements)
+    """Public entry point: geometric score (B_t, B_i), differentiable in q, u, k and v.
+
+    Runs the fused Triton kernel or the chunked reference as ``MMGEO_KERNELS`` says (default auto:
+    Triton for CUDA tensors in fp32 / fp16 / bf16 when triton imports). ``chunk_elements`` bounds the
+    reference's blocks only.
+    """
+    if not use_triton("pair_score", q, u, k, v):
+        return pair_score_reference(q, q_mask, u, k, k_mask, v, scale=scale, chunk_elements=chunk_elements)
+    _check(q, q_mask, u, k, k_mask, v)
+    if len({x.device for x in (q, q_mask, u, k, k_mask, v)}) > 1:
+        raise ValueError(f"all inputs must be on one device; got q, q_mask, u, k, k_mask, v on "
+                         f"{[str(x.device) for x in (q, q_mask, u, k, k_mask, v)]}: move them first")
+    dtype = torch.promote_types(torch.promote_types(q.dtype, u.dtype), torch.promote_types(k.dtype, v.dtype))
+    q, u, k, v = (_last_dim_contiguous(x.to(dtype)) for x in (q, u, k, v))  # one dtype (mixed under autocast)
+    return _PairScoreTriton.apply(q, q_mask, u, k, k_mask, v, float(scale or q.shape[-1] ** -0.5))

@@ -23,6 +23,7 @@ class ModelConfig:
     image_embed_dim: int = 128  # ViT width (0 = the backbone's own)
     image_depth: int = 4  # ViT blocks (0 = the backbone's own)
     image_heads: int = 4  # ViT attention heads (0 = the backbone's own)
+    image_conv_stem: bool = False  # replace the patchify conv by a conv stem (Xiao et al. 2021); scratch ViTs
     image_mean: tuple[float, float, float] | None = None  # normalisation mean; None = the backbone's data config
     image_std: tuple[float, float, float] | None = None  # normalisation std; None = the backbone's data config
     image_interpolation: str = "bicubic"  # resize interpolation of the preprocessing
@@ -38,7 +39,8 @@ class ModelConfig:
     gated_value: bool = False  # P_V gated (σ(W_g p) ⊙ W_v p) instead of linear
     lowrank_rank: int = 0  # rank r of the optional low-rank mapping of q and k (0 = off)
     d_global: int = 128  # dimension of the pooled global vectors (what FAISS indexes)
-    init_temperature_geo: float = 0.1  # initial temperature of the geometric InfoNCE (learnable)
+    init_temperature_geo: float = 0.03  # initial temperature of the geometric InfoNCE (learnable); the score is a
+    # mean of cosines, so its spread is narrow and needs a sharper softmax than CLIP's 0.07
     init_temperature_global: float = 0.07  # initial temperature of the global InfoNCE (learnable)
     extra: dict = field(default_factory=dict)  # free-form notes saved with the model (e.g. dataset name)
 

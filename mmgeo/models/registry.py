@@ -53,14 +53,17 @@ def _synthetic_vocab() -> list[str]:
 
 @register_model("geo-tiny")
 def geo_tiny() -> ModelConfig:
-    """Embedded default: tiny BERT over the shapes-world vocabulary + 64 px ViT (patch 8), geometric score."""
-    return ModelConfig(text_vocab=_synthetic_vocab())
+    """Embedded default: tiny BERT over the shapes-world vocabulary + 48 px ViT (patch 8, so each cell of
+    the 3×3 scene grid is 2×2 patches), geometric score. Sharp initial temperatures (0.03): at 0.1 / 0.07
+    the same run reached half the recall after 400 steps."""
+    return ModelConfig(text_vocab=_synthetic_vocab(), image_size=48, init_temperature_geo=0.03,
+                       init_temperature_global=0.03)
 
 
 @register_model("clip-tiny")
 def clip_tiny() -> ModelConfig:
-    """CLIP baseline on the same towers as geo-tiny: global score only."""
-    return ModelConfig(text_vocab=_synthetic_vocab(), score="global")
+    """CLIP baseline on the same towers and temperatures as geo-tiny: global score only."""
+    return dataclasses.replace(geo_tiny(), score="global")
 
 
 @register_model("geo-vitb16-bert")

@@ -82,7 +82,27 @@ def build_image_tower(cfg) -> nn.Module:
         raise _missing("image backbone weights for", cfg.image_backbone, err) from err
     if not hasattr(vit, "patch_embed") or not hasattr(vit, "num_prefix_tokens"):
         raise ValueError(f"image backbone {cfg.image_backbone!r} is not a timm ViT (no patch_embed)")
+    if not cfg.image_pretrained and getattr(vit, "pos_embed", None) is not None:
+        _init_sincos_pos_embed(vit)
+    if cfg.image_conv_stem:
+        from mmgeo.layers.conv_stem import ConvStem
+
+        proj = vit.patch_embed.proj  # the patchify conv: same grid, same width
+        vit.patch_embed.proj = ConvStem(proj.in_channels, proj.out_channels, proj.stride[0])
     return vit
+
+
+@torch.no_grad()
+def _init_sincos_pos_embed(vit: nn.Module) -> None:
+    """Start a from-scratch ViT's patch position embeddings at 2-D sin-cos (MAE, He et al. 2022):
+    "where" is known from step 0 instead of learned from noise; they stay trainable."""
+    from timm.layers import build_sincos2d_pos_embed
+
+    grid, dim = list(vit.patch_embed.grid_size), vit.pos_embed.shape[-1]
+    if dim % 4:
+        return  # sin-cos 2-D needs dim divisible by 4; keep timm's init
+    table = build_sincos2d_pos_embed(grid, dim).to(vit.pos_embed.dtype)  # (h*w, C)
+    vit.pos_embed[0, vit.pos_embed.shape[1] - table.shape[0]:] = table
 
 
 def resolve_preprocessing(cfg, vit: nn.Module) -> None:

@@ -40,13 +40,14 @@ def test_train_writes_run_folder(trained):
 def test_eval_writes_the_protocol_json(trained, tmp_path, mode, capsys):
     out = tmp_path / "r.json"
     eval_app.main(["--ckpt", str(trained), "--split", "test", "--limit", "10", "--out", str(out), "--mode", mode,
-                   "--k-prime", "4"])
+                   "--k-prime", "4", "--plot", str(tmp_path / "recall.png")])
     result = json.loads(out.read_text())
     assert {"dataset", "model", "task", "metrics", "counts", "mode"} <= set(result)
     assert set(result["metrics"]) == METRIC_KEYS
     assert result["counts"] == {"images": 10, "captions": 50}
     assert all(0 <= result["metrics"][k] <= 1 for k in METRIC_KEYS if "R@" in k)
     assert ("first_stage" in result) == (mode == "two-stage")
+    assert (tmp_path / "recall.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     printed = capsys.readouterr().out
     assert "text to image" in printed and "R@10" in printed
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from mmgeo.data import ShapesWorld, build_dataset
-from mmgeo.data.shapes import COLORS, SHAPES, SPLITS
+from mmgeo.data.shapes import COLORS, SHAPES, SPLITS, perturb
 
 
 def test_split_sizes_mirror_flickr30k():
@@ -90,3 +90,25 @@ def test_bad_arguments_raise():
         ShapesWorld("test")[1000]
     with pytest.raises(ValueError, match="unknown dataset"):
         build_dataset("coco", "test")
+
+
+def test_variant_changes_exactly_one_thing_and_is_deterministic():
+    ds = ShapesWorld("train", size=400)
+    kinds = set()
+    for i in range(len(ds)):
+        a = ds.scene(i)
+        b = perturb(a, np.random.default_rng(i))
+        assert len(a) == len(b)
+        diff = [(x, y) for x, y in zip(a, b) if x != y]
+        assert 1 <= len(diff) <= 2, (a, b)
+        if len(diff) == 2:  # a swap: the same attribute values, exchanged
+            (x1, y1), (x2, y2) = diff
+            kinds.add("swap_colors" if (y1.color, y2.color) == (x2.color, x1.color) else "swap_cells")
+        else:
+            (x, y), = diff
+            kinds |= {f for f in ("shape", "color", "size", "cell") if getattr(x, f) != getattr(y, f)}
+        assert len({o.cell for o in b}) == len(b)  # still one object per cell
+    assert kinds == {"shape", "color", "size", "cell", "swap_colors", "swap_cells"}
+    (img1, caps1), (img2, caps2) = ds.variant(5), ds.variant(5)
+    assert caps1 == caps2 and np.array_equal(np.asarray(img1), np.asarray(img2))
+    assert set(caps1).isdisjoint(ds[5][1])

@@ -1,0 +1,99 @@
+"""geo_attention: flash-style attention whose query/key dim d_a may differ from the value dim d_v (DESIGN §3, §4).
+
+    out_i = Σ_j softmax_j(scale · <q_i, k_j>) v_j       over the keys j that row i may attend
+
+Shapes and dtypes:
+    q (B, H, N, d_a)  k (B, H, M, d_a)  v (B, H, M, d_v)  -> (B, H, N, d_v) in the dtype of q
+    key_padding_mask (B, M) bool, True = padding (PyTorch's convention), or None
+    causal: row i attends keys j <= i, aligned top-left like ``scaled_dot_product_attention(is_causal=True)``
+    scale: default 1 / sqrt(d_a)
+    Reference: fp64 / fp32 / fp16 / bf16, any device (computes in fp32 or better).
+    Triton kernel: fp32 / fp16 / bf16 on CUDA; fp32 / fp16 on CPU under ``TRITON_INTERPRET=1``.
+
+Fully masked rows (every key padded, or causal with its only allowed keys padded) return 0 and pass no
+gradient, in both implementations; PyTorch's SDPA returns NaN there.
+
+The Triton kernels (``_geo_attention_triton``, imported only when used) follow FlashAttention-2
+(Dao 2023): online softmax forward saving the row log-sum-exp, and a backward that recomputes the
+weights. ``geo_attention`` picks the path with ``MMGEO_KERNELS`` = auto | triton | reference.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mmgeo.kernels._common import use_triton
+
+
+def _check(q, k, v, key_padding_mask) -> None:
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError(f"q, k, v must be 4-D (B, H, N|M, d); got q {tuple(q.shape)}, k {tuple(k.shape)}, "
+                         f"v {tuple(v.shape)}: reshape to (batch, heads, length, dim)")
+    if q.shape[:2] != k.shape[:2] or q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} must share (B, H) and d_a")
+    if v.shape[:3] != k.shape[:3]:
+        raise ValueError(f"v {tuple(v.shape)} must be (B, H, M, d_v) with (B, H, M) of k {tuple(k.shape)}")
+    if key_padding_mask is not None:
+        b, m = k.shape[0], k.shape[2]
+        if tuple(key_padding_mask.shape) != (b, m):
+            raise ValueError(f"key_padding_mask must be (B, M)=({b}, {m}); got {tuple(key_padding_mask.shape)}")
+        if key_padding_mask.dtype != torch.bool:
+            raise TypeError(f"key_padding_mask must be bool (True = padding); got {key_padding_mask.dtype}")
+
+
+def geo_attention_reference(q, k, v, key_padding_mask=None, causal: bool = False,
+                            scale: float | None = None) -> torch.Tensor:
+    """Plain-PyTorch attention with the (B, H, N, M) weights in memory; fully masked rows give 0."""
+    _check(q, k, v, key_padding_mask)
+    scale = scale or q.shape[-1] ** -0.5
+    acc = torch.promote_types(q.dtype, torch.float32)
+    n, m = q.shape[2], k.shape[2]
+    logits = (q.to(acc) @ k.to(acc).transpose(-1, -2)) * scale  # (B, H, N, M)
+    allowed = torch.ones(n, m, dtype=torch.bool, device=q.device)
+    if causal:
+        allowed = allowed.tril()  # j <= i, top-left aligned
+    allowed = allowed[None, None]  # (1, 1, N, M)
+    if key_padding_mask is not None:
+        allowed = allowed & ~key_padding_mask[:, None, None, :]  # (B, 1, N, M)
+    live = allowed.any(dim=-1, keepdim=True)  # rows with at least one key
+    logits = logits.masked_fill(~allowed, float("-inf")).masked_fill(~live, 0.0)  # no NaN on empty rows
+    weights = logits.softmax(dim=-1) * live
+    return (weights @ v.to(acc)).to(q.dtype)  # (B, H, N, d_v)
+
+
+# Triton kernels and their launchers: mmgeo/kernels/_geo_attention_triton.py (imports triton; loaded lazily).
+
+
+class _GeoAttentionTriton(torch.autograd.Function):
+    """FlashAttention-2 forward saving the log-sum-exp; backward recomputes the weights tile by tile."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, key_padding_mask, causal, scale):
+        from mmgeo.kernels._geo_attention_triton import geo_attention_fwd
+
+        o, lse = geo_attention_fwd(q, k, v, key_padding_mask, causal, scale)
+        ctx.save_for_backward(q, k, v, key_padding_mask, o, lse)
+        ctx.causal, ctx.scale = causal, scale
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        from mmgeo.kernels._geo_attention_triton import geo_attention_bwd
+
+        q, k, v, key_padding_mask, o, lse = ctx.saved_tensors
+        dq, dk, dv = geo_attention_bwd(do, q, k, v, key_padding_mask, ctx.causal, ctx.scale, o, lse)
+        return dq, dk, dv, None, None, None
+
+
+def geo_attention(q, k, v, key_padding_mask=None, causal: bool = False, scale: float | None = None) -> torch.Tensor:
+    """Public entry point: attention (B, H, N, d_v), differentiable in q, k and v.
+
+    Runs the Triton kernel or the reference as ``MMGEO_KERNELS`` says (default auto: Triton for CUDA
+    tensors in fp32 / fp16 / bf16 when triton imports).
+    """
+    _check(q, k, v, key_padding_mask)
+    if not use_triton("geo_attention", q, k, v):
+        return geo_attention_reference(q, k, v, key_padding_mask, causal=causal, scale=scale)
+    dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)  # e.g. mixed under autocast
+    q, k, v = (x.to(dtype) if x.stride(-1) == 1 else x.to(dtype).contiguous() for x in (q, k, v))
+    return _GeoAttentionTriton.apply(q, k, v, key_padding_mask, bool(causal), float(scale or q.shape[-1] ** -0.5))
