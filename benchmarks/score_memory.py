@@ -1,6 +1,6 @@
 """Peak memory of the geometric score: chunked reference vs naive full einsum, side by side.
 
-    python benchmarks/score_memory.py [--batches 64 128 256 512 1024 2048] [--limit-gib 6] [--backward]
+    python benchmarks/score_memory.py [--batches 64 128 256 512 1024] [--limit-gib 6] [--backward]
 
 Each measurement runs in a fresh subprocess and reports the growth of peak resident memory (CPU,
 ru_maxrss) or of peak allocated memory (CUDA) over what the inputs already hold. The naive version,
@@ -20,13 +20,15 @@ WORKER = r"""
 import json, resource, sys, time, torch
 from mmgeo.kernels.pair_score import pair_score_naive, pair_score_reference
 impl, B, H, T, S, d, device, backward = sys.argv[1], *map(int, sys.argv[2:7]), sys.argv[7], sys.argv[8] == "1"
+chunk = int(sys.argv[9])
 g = torch.Generator().manual_seed(0)
 def t(*shape):
     return torch.randn(*shape, generator=g).to(device).requires_grad_(backward)
 q, u, k, v = t(B, H, T, d), t(B, H, T, d), t(B, H, S, d), t(B, H, S, d)
 q_mask = (torch.arange(T)[None] < torch.randint(T // 2, T + 1, (B, 1), generator=g)).to(device)
 k_mask = torch.ones(B, S, dtype=torch.bool, device=device)
-fn = pair_score_naive if impl == "naive" else pair_score_reference
+def fn(*args):
+    return pair_score_naive(*args) if impl == "naive" else pair_score_reference(*args, chunk_elements=chunk)
 def peak():
     if device == "cuda":
         return torch.cuda.max_memory_allocated()
@@ -52,7 +54,7 @@ def naive_bytes(B: int, H: int, T: int, S: int, backward: bool) -> int:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--batches", type=int, nargs="+", default=[64, 128, 256, 512, 1024, 2048])
+    p.add_argument("--batches", type=int, nargs="+", default=[64, 128, 256, 512, 1024])
     p.add_argument("--heads", type=int, default=2)
     p.add_argument("--tokens", type=int, default=32)
     p.add_argument("--patches", type=int, default=64)
@@ -60,11 +62,13 @@ def main() -> None:
     p.add_argument("--limit-gib", type=float, default=6.0, help="skip the naive version above this prediction")
     p.add_argument("--backward", action="store_true", help="measure forward + backward")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--chunk-elements", type=int, default=1 << 22, help="the chunked version's block bound")
     p.add_argument("--json", default=None, help="also write the rows here")
     a = p.parse_args()
     gib = 1 << 30
     print(f"pair_score peak memory, H={a.heads} T={a.tokens} S={a.patches} d={a.dim}, "
-          f"{'forward+backward' if a.backward else 'forward'}, {a.device}; naive skipped above {a.limit_gib} GiB")
+          f"{'forward+backward' if a.backward else 'forward'}, {a.device}; chunked blocks <= {a.chunk_elements:,} "
+          f"weights; naive skipped above {a.limit_gib} GiB")
     print(f"{'B_t=B_i':>8} {'weights':>10} {'naive GiB':>10} {'chunked GiB':>12} {'naive/chunked':>14} "
           f"{'naive s':>8} {'chunked s':>10}")
     rows = []
@@ -74,7 +78,7 @@ def main() -> None:
             if impl == "naive" and naive_bytes(B, a.heads, a.tokens, a.patches, a.backward) > a.limit_gib * gib:
                 row[impl] = None
                 continue
-            args = [impl, B, a.heads, a.tokens, a.patches, a.dim, a.device, int(a.backward)]
+            args = [impl, B, a.heads, a.tokens, a.patches, a.dim, a.device, int(a.backward), a.chunk_elements]
             out = subprocess.run([sys.executable, "-c", WORKER, *map(str, args)], capture_output=True, text=True)
             if out.returncode:
                 raise SystemExit(f"{impl} B={B} failed:\n{out.stderr[-2000:]}")

@@ -15,8 +15,9 @@ Shapes and dtypes:
 ``pair_score_naive`` materialises the (B_t, B_i, H, T, S) weights: it is the readable definition
 and the baseline for benchmarks. ``pair_score_reference`` computes the same numbers in blocks of at
 most ``chunk_elements`` attention weights, with captions sorted by length so each block is trimmed
-to its longest caption; under autograd each block is recomputed in backward (activation
-checkpointing), so peak memory grows with the block, not with B_t·B_i·T·S.
+to its longest caption; under autograd, when all blocks together would pass ``chunk_elements``, each
+block is recomputed in backward (activation checkpointing), so peak memory grows with the block, not
+with B_t·B_i·T·S.
 
 The fused Triton kernels (``_pair_score_triton``, imported only when used) run FlashAttention's
 online softmax (Dao et al. 2022) over patch tiles with the <u, v> GEMM fused in, forward and

@@ -11,7 +11,8 @@ With ``d_a = embed_dim // num_heads``, no low-rank map and a linear P_V this is 
 and ``convert_attention`` swaps every MHA in a model for an equivalent block.
 
 Same constructor arguments, ``forward`` signature, masks and return values as ``nn.MultiheadAttention``.
-Limits: plain PyTorch (no fused CUDA kernel yet: ``_attend`` is the seam for one), so no NestedTensor input,
+Limits: the fused Triton kernel serves unmasked attention without returned weights (masks take the plain
+PyTorch path); no NestedTensor input,
 no TorchScript, no ``static_k``/``static_v``; dropout draws different random numbers than MHA's SDPA path;
 ``in_proj_weight``/``in_proj_bias`` are None (q/k/v live in ``q_proj``/``k_proj``/``v_proj``), as in an MHA
 built with kdim/vdim, which also keeps torch's Transformer layers off their fused fast path.
@@ -226,10 +227,18 @@ class GeometricAttentionBlock(nn.Module):
     def _attend(self, q, k, v, mask, need_weights: bool = True):
         """Core attention: q (B, H, L, d_a), k (B, H, S, d_a), v (B, H, S, d_v), mask additive (B|1, H|1, L, S).
 
-        Returns (out (B, H, L, d_v), weights (B, H, L, S)). The seam for a fused kernel
-        (``mmgeo.kernels.geo_attention``) when weights are not needed and dropout is off. Mirrors MHA: rows
+        Returns (out (B, H, L, d_v), weights (B, H, L, S) or None). Unmasked attention without weights or
+        dropout goes to the fused ``mmgeo.kernels.geo_attention`` when its Triton path applies (CUDA tensors,
+        or MMGEO_KERNELS=triton); masks still take this plain path. Mirrors MHA: rows
         whose keys are all masked give NaN with need_weights, zeros without (SDPA's safe softmax).
         """
+        if mask is None and not need_weights and not (self.training and self.dropout > 0):
+            from mmgeo.kernels._common import use_triton
+
+            if use_triton("geo_attention", q, k, v):  # CUDA (or MMGEO_KERNELS=triton): the fused kernel
+                from mmgeo.kernels.geo_attention import geo_attention
+
+                return geo_attention(q, k, v), None
         scores = (q * math.sqrt(1.0 / q.shape[-1])) @ k.transpose(-2, -1)  # (B, H, L, S)
         if mask is not None:
             scores = scores + mask

@@ -300,3 +300,27 @@ def test_lazy_top_level_export():
     import mmgeo
 
     assert mmgeo.GeometricAttentionBlock is GeometricAttentionBlock and mmgeo.convert_attention is convert_attention
+
+
+def test_unmasked_attention_routes_to_the_fused_kernel(monkeypatch):
+    """With the Triton path on (MMGEO_KERNELS=triton; the interpreter on CPU) the block calls geo_attention."""
+    pytest.importorskip("triton")
+    import os
+
+    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("needs CUDA or TRITON_INTERPRET=1 (set by tests/conftest.py on CPU)")
+    import importlib
+
+    ga = importlib.import_module("mmgeo.kernels.geo_attention")  # the module (the package exports the function)
+    calls = []
+    real = ga.geo_attention
+    monkeypatch.setattr(ga, "geo_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
+    torch.manual_seed(0)
+    block = GeometricAttentionBlock(16, 2, batch_first=True, attention_space_dim=4).eval()
+    x = torch.randn(2, 5, 16)
+    with torch.no_grad():
+        ref, _ = block(x, x, x, need_weights=False)
+        monkeypatch.setenv("MMGEO_KERNELS", "triton")
+        fused, _ = block(x, x, x, need_weights=False)
+    assert calls == [1]
+    torch.testing.assert_close(fused, ref, atol=1e-5, rtol=1e-5)
