@@ -2,11 +2,17 @@
 
     python eval.py --ckpt runs/synthetic/model.pt --data synthetic --split test --out results.json \
         [--mode exact|two-stage] [--k-prime 100]
+    python eval.py --model openclip:ViT-B-32/laion2b_s34b_b79k --data flickr30k --data-root data/flickr30k
+    python eval.py --ckpt runs/flickr30k_geo/model.pt --data flickr30k --data-root data/flickr30k [--data-format hf]
+
+--model openclip:ARCH[/TAG] evaluates any open_clip model zero-shot (global score; no TAG = random init).
 
 exact: every (caption, image) pair scored by the model's own score (geometric, or global for a
 CLIP-baseline model). two-stage: FAISS top-K' on the global vectors, re-ranked by the geometric score.
-Prints a table and writes a JSON with "metrics" (R@1/5/10, mean / median rank, both directions)
-and "counts" (images and captions evaluated); --plot draws the recall@K curves.
+Prints a table and writes a JSON with "metrics" (R@1/5/10, mean / median rank, both directions),
+"counts" (images and captions evaluated; for real data also "skipped", bad samples by reason) and
+"diagnostics" (attention entropy, Q/K spectra, head redundancy, logit range on the first 64 images;
+mmgeo.diagnostics); --plot draws the recall@K curves.
 """
 
 from __future__ import annotations
@@ -20,10 +26,13 @@ from pathlib import Path
 import torch
 
 from mmgeo.checkpoint import load_model
-from mmgeo.data import build_dataset
+from mmgeo.data import MAX_PIXELS, build_dataset
+from mmgeo.diagnostics import diagnose
 from mmgeo.metrics import DEFAULT_KS, image_to_text_ranks, retrieval_metrics, text_to_image_ranks
 from mmgeo.plots import plot_recall_curves
 from mmgeo.retrieval import encode_split, exact_scores, two_stage_scores
+
+DIAGNOSTIC_IMAGES = 64  # images (with all their captions) the attention diagnostics look at
 
 
 def format_table(metrics: dict[str, float], ks=DEFAULT_KS) -> str:
@@ -40,17 +49,24 @@ def format_table(metrics: dict[str, float], ks=DEFAULT_KS) -> str:
 
 def evaluate(args) -> dict:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    model = load_model(args.ckpt, device=device)
+    if getattr(args, "model", None):
+        from mmgeo.models.openclip_adapter import load_openclip
+
+        model = load_openclip(args.model, device=device)
+    else:
+        model = load_model(args.ckpt, device=device)
     if args.mode == "two-stage" and not model.geometric:
         raise SystemExit("two-stage re-ranks with the geometric score, which this model (score='global') lacks; "
                          "use --mode exact")
     image_size = args.image_size or model.cfg.image_size
-    dataset = build_dataset(args.data, args.split, seed=args.seed, image_size=image_size, size=args.limit)
+    dataset = build_dataset(args.data, args.split, seed=args.seed, image_size=image_size, size=args.limit,
+                            root=getattr(args, "data_root", None), data_format=getattr(args, "data_format", None),
+                            max_pixels=getattr(args, "max_pixels", MAX_PIXELS))
     start = time.time()
     split = encode_split(model, dataset, batch_size=args.batch_size)
     encode_s = time.time() - start
-    result = {"dataset": args.data, "split": args.split, "model": str(args.ckpt), "score": model.default_mode,
-              "mode": args.mode, "task": "retrieval"}
+    result = {"dataset": args.data, "split": args.split, "model": str(getattr(args, "model", None) or args.ckpt),
+              "score": model.default_mode, "mode": args.mode, "task": "retrieval"}
     if args.mode == "exact":
         t2i = i2t = exact_scores(model, split.texts, split.images, model.default_mode)
     else:
@@ -62,14 +78,28 @@ def evaluate(args) -> dict:
         title = f"{args.data} {args.split}: {model.default_mode} score, {args.mode}"
         result["plot"] = str(plot_recall_curves(ranks, args.plot, title=title))
     result["counts"] = {"images": len(split.images), "captions": len(split.texts)}
+    if hasattr(dataset, "skipped"):  # real data: bad samples dropped when the dataset was indexed, by reason
+        result["counts"]["skipped"] = dict(dataset.skipped)
+    if model.geometric:  # attention diagnostics (DESIGN §3, §8) on the first DIAGNOSTIC_IMAGES images + captions
+        keep = split.text_to_image < DIAGNOSTIC_IMAGES
+        result["diagnostics"] = {"images": min(DIAGNOSTIC_IMAGES, len(split.images)), **diagnose(
+            model, split.texts[keep.to(split.texts.pooled.device)], split.images, split.text_to_image[keep])}
+    else:
+        result["diagnostics"] = {"skipped": "global-only model (score='global'): no attention to diagnose"}
     result["timing_s"] = {"encode": round(encode_s, 2), "score": round(time.time() - start - encode_s, 2)}
     return result
 
 
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--ckpt", required=True, help="model.pt from train.py (or a Lightning .ckpt of ours)")
-    p.add_argument("--data", default="synthetic", help="dataset name (synthetic = the embedded shapes world)")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--ckpt", help="model.pt from train.py (or a Lightning .ckpt of ours)")
+    which.add_argument("--model", help="openclip:ARCH[/TAG], e.g. openclip:ViT-B-32/laion2b_s34b_b79k (zero-shot)")
+    p.add_argument("--data", default="synthetic", help="dataset: synthetic (embedded shapes world) or flickr30k")
+    p.add_argument("--data-root", default=None, help="flickr30k: folder, CSV/TSV or HF id (data/README.md)")
+    p.add_argument("--data-format", default=None, choices=["hf", "karpathy", "csv"],
+                   help="flickr30k layout (default: detect from --data-root)")
+    p.add_argument("--max-pixels", type=int, default=MAX_PIXELS, help="flickr30k: skip images with more pixels")
     p.add_argument("--split", default="test", choices=["train", "val", "test"])
     p.add_argument("--out", default=None, help="write the JSON result here")
     p.add_argument("--mode", default="exact", choices=["exact", "two-stage"])
@@ -87,6 +117,8 @@ def main(argv: list[str] | None = None) -> dict:
     c = result["counts"]
     print(f"\n{result['dataset']} {result['split']}: {c['images']} images, {c['captions']} captions — "
           f"{result['score']} score, {result['mode']} mode")
+    if c.get("skipped"):
+        print(f"skipped bad samples: {c['skipped']}")
     print(format_table(result["metrics"]))
     if "first_stage" in result:
         fs = result["first_stage"]

@@ -1,12 +1,20 @@
 """Datasets: every one yields ``ds[i] -> (PIL.Image, list[str])`` — one image, all its captions."""
 
+from mmgeo.data.flickr import MAX_PIXELS, Flickr30K, detect_format
 from mmgeo.data.shapes import ShapesWorld
 
-__all__ = ["ShapesWorld", "build_dataset"]
+__all__ = ["Flickr30K", "MAX_PIXELS", "ShapesWorld", "build_dataset", "detect_format"]
 
 
-def build_dataset(name: str, split: str, seed: int = 0, image_size: int = 64, size: int | None = None):
-    """Create a retrieval dataset by name (``synthetic`` is the embedded shapes world)."""
+def build_dataset(name: str, split: str, seed: int = 0, image_size: int = 64, size: int | None = None,
+                  root: str | None = None, data_format: str | None = None, max_pixels: int = MAX_PIXELS):
+    """Create a retrieval dataset by name: ``synthetic`` (the embedded shapes world) or ``flickr30k``
+    (Karpathy split from ``root``, layout ``data_format`` = hf | karpathy | csv, None = detect)."""
     if name == "synthetic":
         return ShapesWorld(split=split, seed=seed, image_size=image_size, size=size)
-    raise ValueError(f"unknown dataset {name!r}; available: 'synthetic' (Flickr30K loaders arrive with issue 5)")
+    if name == "flickr30k":
+        if not root:
+            raise ValueError("flickr30k needs its location: --data-root PATH (eval.py) or data.root (train.py); "
+                             "see data/README.md for how to fetch it")
+        return Flickr30K(root, split, data_format=data_format, size=size, max_pixels=max_pixels)
+    raise ValueError(f"unknown dataset {name!r}; available: 'synthetic', 'flickr30k'")

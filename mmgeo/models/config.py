@@ -26,7 +26,7 @@ class ModelConfig:
     image_conv_stem: bool = False  # replace the patchify conv by a conv stem (Xiao et al. 2021); scratch ViTs
     image_mean: tuple[float, float, float] | None = None  # normalisation mean; None = the backbone's data config
     image_std: tuple[float, float, float] | None = None  # normalisation std; None = the backbone's data config
-    image_interpolation: str = "bicubic"  # resize interpolation of the preprocessing
+    image_interpolation: str | None = None  # resize interpolation; None = the backbone's data config
     # --- attention space and scores ---
     score: str = "geometric"  # "geometric" (geometric + global scores) or "global" (CLIP baseline)
     num_heads: int = 2  # H: heads of the attention space
@@ -38,6 +38,8 @@ class ModelConfig:
     spatial_gate: bool = False  # add a spatial gate after the channel gate in the key head
     gated_value: bool = False  # P_V gated (σ(W_g p) ⊙ W_v p) instead of linear
     lowrank_rank: int = 0  # rank r of the optional low-rank mapping of q and k (0 = off)
+    qk_init_gain: float | None = None  # orthogonal init of the Q/K maps' final layers with this gain (paper: 0.1,
+    # DESIGN §8); None = PyTorch's default init
     d_global: int = 128  # dimension of the pooled global vectors (what FAISS indexes)
     init_temperature_geo: float = 0.03  # initial temperature of the geometric InfoNCE (learnable); the score is a
     # mean of cosines, so its spread is narrow and needs a sharper softmax than CLIP's 0.07

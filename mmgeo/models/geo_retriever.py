@@ -105,6 +105,18 @@ class GeoRetriever(nn.Module):
             self.value_proj = ValueProjection(image_dim, H, cfg.d_e, gated=cfg.gated_value)  # P_V
             self.lowrank = LowRankMapping(cfg.d_a, cfg.lowrank_rank) if cfg.lowrank_rank else None
             self.logit_scale_geo = nn.Parameter(torch.tensor(math.log(1 / cfg.init_temperature_geo)))
+            if cfg.qk_init_gain is not None:
+                self.init_qk_orthogonal_(cfg.qk_init_gain)
+
+    @torch.no_grad()
+    def init_qk_orthogonal_(self, gain: float) -> None:
+        """Orthogonal init of the Q/K maps' final layers (``query_mlp.fc2``, ``key_head.proj`` as 2-D) with
+        ``gain``, biases zeroed: keeps early logits in range (paper: gain 0.05–0.1, DESIGN §8)."""
+        for layer in (self.query_mlp.fc2, self.key_head.proj):
+            w = layer.weight.view(layer.weight.shape[0], -1)  # (H·d_a, fan_in): a view, init in place
+            nn.init.orthogonal_(w, gain=gain)
+            if layer.bias is not None:
+                layer.bias.zero_()
 
     @property
     def device(self) -> torch.device:

@@ -36,7 +36,7 @@ def word_level_tokenizer(vocab: list[str]):
 def _missing(what: str, name: str, err: Exception) -> MissingDownloadError:
     return MissingDownloadError(
         f"{what} {name!r} is not in the local cache and nothing can be downloaded here ({type(err).__name__}). "
-        f"On a machine with network access run `huggingface-cli download {name.split('.')[0]}` (or load it once "
+        f"On a machine with network access run `huggingface-cli download {name}` (or load it once "
         "in Python), then copy the cache (~/.cache/huggingface) to this machine or point HF_HOME at it; "
         "or pass a local directory path instead of the name.")
 
@@ -67,8 +67,14 @@ def build_text_tower(cfg) -> tuple[nn.Module, object, int]:
 
 
 def build_image_tower(cfg) -> nn.Module:
-    """A timm ViT returning token features; classifier head removed."""
+    """A timm ViT returning token features, classifier head removed; or, for ``image_backbone:
+    "openclip:ARCH[/TAG]"``, an open_clip ViT (weights of TAG when ``image_pretrained``)."""
     import timm
+
+    if cfg.image_backbone.startswith("openclip:"):
+        from mmgeo.models.openclip_adapter import OpenClipVisionTower
+
+        return OpenClipVisionTower(cfg.image_backbone, cfg.image_pretrained, cfg.image_size)
 
     kwargs = {"img_size": cfg.image_size, "patch_size": cfg.patch_size, "num_classes": 0}
     for key, value in (("embed_dim", cfg.image_embed_dim), ("depth", cfg.image_depth), ("num_heads", cfg.image_heads)):
@@ -79,7 +85,8 @@ def build_image_tower(cfg) -> nn.Module:
     except (OSError, RuntimeError) as err:
         if not cfg.image_pretrained:
             raise
-        raise _missing("image backbone weights for", cfg.image_backbone, err) from err
+        repo = cfg.image_backbone if "/" in cfg.image_backbone else f"timm/{cfg.image_backbone}"  # timm's Hub home
+        raise _missing("image backbone weights for", repo, err) from err
     if not hasattr(vit, "patch_embed") or not hasattr(vit, "num_prefix_tokens"):
         raise ValueError(f"image backbone {cfg.image_backbone!r} is not a timm ViT (no patch_embed)")
     if not cfg.image_pretrained and getattr(vit, "pos_embed", None) is not None:
@@ -106,14 +113,16 @@ def _init_sincos_pos_embed(vit: nn.Module) -> None:
 
 
 def resolve_preprocessing(cfg, vit: nn.Module) -> None:
-    """Fill the config's normalisation from the backbone's own data config when not set."""
+    """Fill the config's normalisation and interpolation from the backbone's own data config when not set."""
     import timm.data
 
-    data_cfg = timm.data.resolve_data_config({}, model=vit)
+    data_cfg = getattr(vit, "preprocess_cfg", None) or timm.data.resolve_data_config({}, model=vit)
     if cfg.image_mean is None:
         cfg.image_mean = tuple(float(x) for x in data_cfg["mean"])
     if cfg.image_std is None:
         cfg.image_std = tuple(float(x) for x in data_cfg["std"])
+    if cfg.image_interpolation is None:
+        cfg.image_interpolation = str(data_cfg.get("interpolation") or "bicubic")
 
 
 def _to_rgb(image):
@@ -137,7 +146,9 @@ def image_transform(cfg):
 
 
 def patch_tokens(vit: nn.Module, pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """-> (patch tokens (B, S, C), pooled (B, C)) from a timm ViT."""
+    """-> (patch tokens (B, S, C), pooled (B, C)) from a timm ViT (or a tower with its own ``patch_tokens``)."""
+    if hasattr(vit, "patch_tokens"):
+        return vit.patch_tokens(pixels)
     feats = vit.forward_features(pixels)  # (B, prefix + S, C)
     pooled = vit.forward_head(feats, pre_logits=True)  # (B, C)
     return feats[:, vit.num_prefix_tokens:], pooled

@@ -1,0 +1,177 @@
+"""Load test of the search service on loopback: QPS and p50/p99 latency of POST /search, re-rank off and on.
+
+    python benchmarks/load_search.py [--count 100000] [--clients 1 8 32] [--seconds 8] [--max-requests 3000]
+
+Builds (once, cached under --workdir) a gallery of ``--count`` random vectors shaped like the default
+``geo-tiny`` model's (global vectors in FAISS, fp16 keys/values memory-mapped; no images encoded), starts
+``python -m serve run`` on 127.0.0.1 in a subprocess, and runs k=10 queries at each concurrency, first with
+re-rank off, then on (geometric re-rank of the FAISS top 100). Every setting is bounded by --seconds and
+--max-requests. The client shares the machine's cores with the server: figures include that cost; the last
+column is the server's own mean time per /search request (from /metrics), queueing in the batcher included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def prepare(workdir: Path, count: int, index_type: str) -> Path:
+    """Default geo-tiny checkpoint (random weights) + random gallery of ``count`` items, reused when present."""
+    import torch
+
+    import mmgeo
+    from mmgeo.gallery import build_random_gallery, file_sha256
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    ckpt, index = workdir / "geo-tiny.pt", workdir / f"index-{count}-{index_type}"
+    if not ckpt.is_file():
+        torch.manual_seed(0)
+        mmgeo.save_model(mmgeo.create_model("geo-tiny").eval(), ckpt)
+    sha = file_sha256(ckpt)
+    man = index / "manifest.json"
+    if man.is_file() and json.loads(man.read_text())["model"]["sha256"] == sha:
+        return index
+    cfg = mmgeo.load_model(ckpt).cfg
+    t = time.perf_counter()
+    print(f"building a random {count:,}-item gallery ({index_type}) in {index} ...", flush=True)
+    build_random_gallery(index, count, cfg.num_heads, (cfg.image_size // cfg.patch_size) ** 2, cfg.d_a, cfg.d_e,
+                         cfg.d_global, index_type=index_type, model_path=str(ckpt.resolve()), model_sha256=sha)
+    print(f"  built in {time.perf_counter() - t:.0f} s", flush=True)
+    return index
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def queries(n: int = 200) -> list[str]:
+    from mmgeo.data import ShapesWorld
+
+    ds = ShapesWorld("val", seed=0, image_size=16)
+    return [c for i in range(n // 5) for c in ds[i][1]]
+
+
+async def run_setting(url: str, texts: list[str], clients: int, rerank: bool, seconds: float, max_requests: int):
+    import httpx
+
+    lat, errors, sent = [], 0, 0
+    stop = time.perf_counter() + seconds
+
+    async def client(c: int, http: httpx.AsyncClient):
+        nonlocal errors, sent
+        i = c
+        while time.perf_counter() < stop and sent < max_requests:
+            sent += 1
+            body = {"text": texts[i % len(texts)], "k": 10, "rerank": rerank}
+            t = time.perf_counter()
+            try:
+                r = await http.post(url + "/search", json=body)
+                ok = r.status_code == 200 and len(r.json()["results"]) == 10
+            except httpx.HTTPError:
+                ok = False
+            lat.append(time.perf_counter() - t) if ok else None
+            errors += not ok
+            i += clients
+
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    async with httpx.AsyncClient(limits=limits, timeout=30) as http:
+        for _ in range(3):  # warm-up
+            await http.post(url + "/search", json={"text": texts[0], "k": 10, "rerank": rerank})
+        t0 = time.perf_counter()
+        await asyncio.gather(*(client(c, http) for c in range(clients)))
+        wall = time.perf_counter() - t0
+    lat.sort()
+
+    def pct(p):
+        return 1000 * lat[min(len(lat) - 1, int(p * len(lat)))] if lat else float("nan")
+
+    return {"rerank": rerank, "clients": clients, "requests": len(lat) + errors, "qps": len(lat) / wall,
+            "p50_ms": pct(0.50), "p99_ms": pct(0.99), "errors": errors}
+
+
+def server_search_seconds(url: str) -> tuple[float, int]:
+    """(sum of seconds, count) of POST /search as the server timed them (from /metrics)."""
+    import httpx
+
+    total = count = 0
+    for line in httpx.get(url + "/metrics").text.splitlines():
+        if line.startswith('mmgeo_request_seconds_sum{endpoint="/search"}'):
+            total = float(line.split()[-1])
+        elif line.startswith('mmgeo_request_seconds_count{endpoint="/search"}'):
+            count = int(line.split()[-1])
+    return total, count
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--count", type=int, default=100_000)
+    p.add_argument("--index-type", default="auto", choices=["auto", "flat", "hnsw", "ivfpq"])
+    p.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32])
+    p.add_argument("--seconds", type=float, default=8.0, help="time limit per setting")
+    p.add_argument("--max-requests", type=int, default=3000, help="request limit per setting")
+    p.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "mmgeo-load-bench"))
+    p.add_argument("--json", default=None, help="also write the rows here")
+    args = p.parse_args(argv)
+
+    index = prepare(Path(args.workdir), args.count, args.index_type)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen([sys.executable, "-m", "serve", "run", "--index", str(index), "--host", "127.0.0.1",
+                               "--port", str(port)], cwd=ROOT)
+    rows = []
+    try:
+        import httpx
+
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"server did not start (exit code {server.poll()})")
+            time.sleep(0.3)
+        health = httpx.get(url + "/health").json()
+        print(f"server up: {health['images']:,} images, index {health['index_type']}; "
+              f"{os.cpu_count()} CPU core(s) shared by server and clients", flush=True)
+        texts = queries()
+        print(f"{'rerank':>7} {'clients':>7} {'requests':>8} {'QPS':>8} {'p50 ms':>8} {'p99 ms':>8} {'errors':>6} "
+              f"{'server mean ms':>14}")
+        for rerank in (False, True):
+            for c in args.clients:
+                s0, n0 = server_search_seconds(url)
+                r = asyncio.run(run_setting(url, texts, c, rerank, args.seconds, args.max_requests))
+                s1, n1 = server_search_seconds(url)
+                r["server_mean_ms"] = 1000 * (s1 - s0) / max(1, n1 - n0)  # includes the warm-up requests
+                rows.append(r)
+                print(f"{'top100' if rerank else 'off':>7} {c:>7} {r['requests']:>8} {r['qps']:>8.1f} "
+                      f"{r['p50_ms']:>8.1f} {r['p99_ms']:>8.1f} {r['errors']:>6} {r['server_mean_ms']:>14.1f}",
+                      flush=True)
+    finally:
+        server.terminate()
+        try:
+            server.wait(10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    return 0 if all(r["errors"] == 0 for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,391 @@
+"""An on-disk image gallery for search: FAISS over global vectors + memory-mapped keys/values (DESIGN §2).
+
+Layout of an index directory (format ``mmgeo-gallery`` v1)::
+
+    manifest.json   format, version, model (path, sha256, dims), count, skipped, index_type
+    global.faiss    FAISS index over the (N, d_global) pooled image vectors (inner product = cosine)
+    keys.npy        (N, H, L, d_a) fp16  image keys k, memory-mapped on load
+    values.npy      (N, H, L, d_e) fp16  image values v̂, memory-mapped on load
+    mask.npy        (N, L) bool          real patches
+    meta.json       [{"id", "path", "width", "height"}] — ``path`` relative to the directory when inside it
+
+Builds are atomic: everything is written into a temp directory next to the target, which replaces the
+target only once complete, so an interrupted build never leaves a half index that loads.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shutil
+import tempfile
+import warnings
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+FORMAT, VERSION = "mmgeo-gallery", 1
+FILES = ("manifest.json", "global.faiss", "keys.npy", "values.npy", "mask.npy", "meta.json")
+INDEX_TYPES = ("auto", "flat", "hnsw", "ivfpq")
+IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
+FLAT_MAX, HNSW_MAX = 10_000, 1_000_000  # auto: exact below 10k images, HNSW below 1M, IVF-PQ above
+
+
+class GalleryError(ValueError):
+    """An index directory that cannot be used (missing file, wrong version, other model)."""
+
+
+def file_sha256(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def choose_index_type(count: int, index_type: str = "auto") -> str:
+    if index_type not in INDEX_TYPES:
+        raise ValueError(f"index_type must be one of {INDEX_TYPES}, got {index_type!r}")
+    if index_type != "auto":
+        return index_type
+    return "flat" if count < FLAT_MAX else "hnsw" if count < HNSW_MAX else "ivfpq"
+
+
+def build_faiss(vectors: np.ndarray, index_type: str = "auto"):
+    """FAISS inner-product index over (N, d) float32 vectors; type by size unless given."""
+    import faiss
+
+    vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+    n, d = vectors.shape
+    kind = choose_index_type(n, index_type)
+    if kind == "flat":
+        index = faiss.IndexFlatIP(d)
+    elif kind == "hnsw":
+        index = faiss.IndexHNSWFlat(d, 32, faiss.METRIC_INNER_PRODUCT)
+        index.hnsw.efConstruction, index.hnsw.efSearch = 80, 128
+    else:
+        nlist = max(1, min(int(4 * math.sqrt(n)), n // 39))  # FAISS wants ~39 training points per list
+        m = next(m for m in (16, 8, 4, 2, 1) if d % m == 0)  # PQ sub-quantizers must divide d
+        nbits = min(8, max(4, int(math.log2(max(n // 39, 16)))))  # 8 bits (256 codes) once there is data for it
+        index = faiss.IndexIVFPQ(faiss.IndexFlatIP(d), d, nlist, m, nbits, faiss.METRIC_INNER_PRODUCT)
+        index.train(vectors[np.random.default_rng(0).permutation(n)[:256 * nlist]])
+        index.nprobe = min(nlist, 16)
+    index.add(vectors)
+    return index
+
+
+def list_images(folder: str | os.PathLike) -> list[Path]:
+    """Image files under ``folder`` (recursive, by suffix), sorted for a stable id order."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"image folder {str(folder)!r} does not exist")
+    return sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+
+
+def open_image(path: str | os.PathLike, max_pixels: int = 50_000_000):
+    """PIL RGB image, fully decoded; raises ValueError/OSError on unreadable files or too many pixels."""
+    from PIL import Image
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", Image.DecompressionBombWarning)
+        with Image.open(path) as im:
+            if im.width * im.height > max_pixels:
+                raise ValueError(f"{im.width}x{im.height} pixels is over the limit of {max_pixels}")
+            return im.convert("RGB")
+
+
+@dataclass
+class _Staging:
+    """Temp directory next to the target; ``commit`` swaps it in, ``discard`` removes it."""
+
+    target: Path
+    tmp: Path
+
+    @classmethod
+    def next_to(cls, target: Path) -> _Staging:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        _remove_stale(target)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.building-{os.getpid()}-", dir=target.parent))
+        umask = os.umask(0)
+        os.umask(umask)
+        tmp.chmod(0o777 & ~umask)  # mkdtemp makes it private; the index should read like any directory
+        return cls(target, tmp)
+
+    def commit(self) -> None:
+        old = None
+        if self.target.exists():
+            old = self.target.with_name(f".{self.target.name}.old-{os.getpid()}")
+            os.replace(self.target, old)
+        os.replace(self.tmp, self.target)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def discard(self) -> None:
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def _remove_stale(target: Path) -> None:
+    """Remove temp dirs left by killed builds of ``target`` (their process is gone)."""
+    for d in target.parent.glob(f".{target.name}.building-*"):
+        try:
+            pid = int(d.name.rsplit(".building-", 1)[1].split("-")[0])
+            os.kill(pid, 0)  # still running: leave it
+        except ProcessLookupError:
+            shutil.rmtree(d, ignore_errors=True)
+        except (ValueError, IndexError, PermissionError):
+            pass
+
+
+def _model_record(model, ckpt: str | os.PathLike | None) -> dict:
+    cfg = model.cfg
+    grid = cfg.image_size // cfg.patch_size
+    return {"path": None if ckpt is None else str(Path(ckpt).resolve()),
+            "sha256": None if ckpt is None else file_sha256(ckpt),
+            "num_heads": cfg.num_heads, "d_a": cfg.d_a, "d_e": cfg.d_e, "d_global": cfg.d_global,
+            "num_patches": grid * grid, "image_size": cfg.image_size}
+
+
+def _write(staging: _Staging, model_rec: dict, pooled: np.ndarray, meta: list[dict], index_type: str,
+           skipped: list[dict]) -> dict:
+    """Write the non-array files into the staging dir (arrays are already there) and commit."""
+    import faiss
+
+    kind = choose_index_type(len(meta), index_type)
+    faiss.write_index(build_faiss(pooled, kind), str(staging.tmp / "global.faiss"))
+    (staging.tmp / "meta.json").write_text(json.dumps(meta))
+    manifest = {"format": FORMAT, "version": VERSION, "model": model_rec, "count": len(meta),
+                "index_type": kind, "skipped": {"count": len(skipped), "files": skipped[:1000]},
+                "dtype": "float16"}
+    (staging.tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))  # written last
+    staging.commit()
+    return manifest
+
+
+def build_gallery(model, items: Iterable[tuple[str, object]], total: int, out: str | os.PathLike,
+                  ckpt: str | os.PathLike | None = None, index_type: str = "auto", batch_size: int = 64,
+                  progress: bool = True, fail_after_encode: bool = False) -> dict:
+    """Encode images into an index directory at ``out``; -> the manifest.
+
+    ``items`` yields ``(path, image_or_loader)`` where the second is a PIL image or a zero-argument
+    callable returning one (it may raise: the file is skipped and counted). ``path=None`` (generated
+    images) saves the image as ``images/<id>.png`` inside the index. ``total`` bounds the count.
+    ``fail_after_encode`` raises after encoding, before the commit (for tests of interrupted builds).
+    """
+    from tqdm.auto import tqdm
+
+    if not model.geometric:
+        raise ValueError("the gallery stores geometric keys/values: build it with a geometric model, "
+                         "not a global-only (CLIP baseline) one")
+    rec = _model_record(model, ckpt)
+    H, L = rec["num_heads"], rec["num_patches"]
+    staging = _Staging.next_to(Path(out))
+    try:
+        arr = {name: np.lib.format.open_memmap(staging.tmp / f"{name}.partial", mode="w+", dtype=dt, shape=shape)
+               for name, dt, shape in [("keys", np.float16, (total, H, L, rec["d_a"])),
+                                       ("values", np.float16, (total, H, L, rec["d_e"])),
+                                       ("mask", np.bool_, (total, L)),
+                                       ("pooled", np.float32, (total, rec["d_global"]))]}
+        meta, skipped, batch = [], [], []
+        bar = tqdm(total=total, desc="encode", unit="img", disable=not progress)
+
+        def flush():
+            emb = model.encode_image([im for _, im in batch])
+            n0 = len(meta) - len(batch)
+            sl = slice(n0, n0 + len(batch))
+            arr["keys"][sl] = emb.attn.cpu().numpy()  # (B, H, L, d_a)
+            arr["values"][sl] = emb.value.cpu().numpy()  # (B, H, L, d_e)
+            arr["mask"][sl] = emb.mask.cpu().numpy()  # (B, L)
+            arr["pooled"][sl] = emb.pooled.float().cpu().numpy()  # (B, d_g)
+            batch.clear()
+
+        for path, source in _take(items, total):
+            try:
+                im = source() if callable(source) else source
+                im = im.convert("RGB")
+            except Exception as err:  # noqa: BLE001 - any unreadable file is skipped and counted
+                skipped.append({"path": str(path), "error": f"{type(err).__name__}: {err}"})
+                bar.update(1)
+                continue
+            if path is None:  # generated image: keep a copy inside the index so /images/{id} can serve it
+                (staging.tmp / "images").mkdir(exist_ok=True)
+                path = f"images/{len(meta):07d}.png"
+                im.save(staging.tmp / path)
+            else:
+                path = str(Path(path).resolve())
+            meta.append({"id": len(meta), "path": path, "width": im.width, "height": im.height})
+            batch.append((path, im))
+            bar.update(1)
+            if len(batch) == batch_size:
+                flush()
+        if batch:
+            flush()
+        bar.close()
+        if not meta:
+            raise ValueError(f"no readable image among {len(skipped)} file(s); first error: "
+                             f"{skipped[0]['error'] if skipped else 'no files'}")
+        n = len(meta)
+        for name in ("keys", "values", "mask"):
+            _finish_array(arr[name], n, staging.tmp / f"{name}.npy")
+        pooled = np.array(arr["pooled"][:n])
+        arr.clear()  # close the memmaps before removing their files
+        for p in staging.tmp.glob("*.partial"):
+            p.unlink()
+        if fail_after_encode:
+            raise RuntimeError("injected failure after encoding (test hook)")
+        return _write(staging, rec, pooled, meta, index_type, skipped)
+    except BaseException:
+        staging.discard()
+        raise
+
+
+def _take(items, total) -> Iterator:
+    for i, item in enumerate(items):
+        if i >= total:
+            return
+        yield item
+
+
+def _finish_array(partial: np.memmap, n: int, dest: Path) -> None:
+    """Copy the first ``n`` rows of a preallocated memmap into ``dest`` (.npy), in chunks."""
+    out = np.lib.format.open_memmap(dest, mode="w+", dtype=partial.dtype, shape=(n, *partial.shape[1:]))
+    step = max(1, (64 << 20) // max(1, partial[0].nbytes))
+    for i in range(0, n, step):
+        out[i:i + step] = partial[i:min(i + step, n)]
+    out.flush()
+    del out
+
+
+def folder_items(folder: str | os.PathLike) -> tuple[list, int]:
+    """(path, loader) pairs for every image file of a folder, and their count."""
+    paths = list_images(folder)
+    return [(p, (lambda p=p: open_image(p))) for p in paths], len(paths)
+
+
+def build_random_gallery(out: str | os.PathLike, count: int, num_heads: int, num_patches: int, d_a: int, d_e: int,
+                         d_global: int, index_type: str = "auto", seed: int = 0, chunk: int = 10_000,
+                         model_path: str | None = None, model_sha256: str | None = None) -> dict:
+    """A gallery of random unit vectors (no images, no encoding) — for load tests of large indexes."""
+    rng = np.random.default_rng(seed)
+    staging = _Staging.next_to(Path(out))
+    try:
+        shapes = {"keys": (count, num_heads, num_patches, d_a), "values": (count, num_heads, num_patches, d_e)}
+        for name, shape in shapes.items():
+            mm = np.lib.format.open_memmap(staging.tmp / f"{name}.npy", mode="w+", dtype=np.float16, shape=shape)
+            for i in range(0, count, chunk):
+                x = rng.standard_normal((min(chunk, count - i), *shape[1:]), dtype=np.float32)
+                if name == "values":
+                    x /= np.linalg.norm(x, axis=-1, keepdims=True)
+                mm[i:i + chunk] = x
+            mm.flush()
+            del mm
+        np.save(staging.tmp / "mask.npy", np.ones((count, num_patches), dtype=np.bool_))
+        pooled = rng.standard_normal((count, d_global), dtype=np.float32)
+        pooled /= np.linalg.norm(pooled, axis=1, keepdims=True)
+        meta = [{"id": i, "path": f"random/{i}.png", "width": 0, "height": 0} for i in range(count)]
+        rec = {"path": model_path, "sha256": model_sha256, "num_heads": num_heads, "d_a": d_a, "d_e": d_e,
+               "d_global": d_global, "num_patches": num_patches, "image_size": None}
+        return _write(staging, rec, pooled, meta, index_type, [])
+    except BaseException:
+        staging.discard()
+        raise
+
+
+class Gallery:
+    """A loaded index directory: FAISS index, memory-mapped keys/values/mask, metadata."""
+
+    def __init__(self, root: str | os.PathLike):
+        import faiss
+
+        self.root = Path(root)
+        mpath = self.root / "manifest.json"
+        if not mpath.is_file():
+            raise GalleryError(f"{str(self.root)!r} is not an index: no manifest.json (a missing or interrupted "
+                               "build); build one with `python -m serve build`")
+        try:
+            self.manifest = json.loads(mpath.read_text())
+        except json.JSONDecodeError as err:
+            raise GalleryError(f"{mpath} is not valid JSON ({err}); rebuild the index") from err
+        fmt, ver = self.manifest.get("format"), self.manifest.get("version")
+        if fmt != FORMAT or ver != VERSION:
+            raise GalleryError(f"{self.root} holds index format {fmt!r} v{ver}; this mmgeo reads {FORMAT!r} "
+                               f"v{VERSION} — rebuild the index with `python -m serve build`")
+        missing = [f for f in FILES if not (self.root / f).is_file()]
+        if missing:
+            raise GalleryError(f"index {self.root} is missing {missing}; rebuild it with `python -m serve build`")
+        self.model_record = self.manifest["model"]
+        self.count = int(self.manifest["count"])
+        self.keys = np.load(self.root / "keys.npy", mmap_mode="r")  # (N, H, L, d_a) fp16
+        self.values = np.load(self.root / "values.npy", mmap_mode="r")  # (N, H, L, d_e) fp16
+        self.mask = np.load(self.root / "mask.npy", mmap_mode="r")  # (N, L) bool
+        self.meta = json.loads((self.root / "meta.json").read_text())
+        self.index = faiss.read_index(str(self.root / "global.faiss"))
+        r = self.model_record
+        expect = {"keys": (self.count, r["num_heads"], r["num_patches"], r["d_a"]),
+                  "values": (self.count, r["num_heads"], r["num_patches"], r["d_e"]),
+                  "mask": (self.count, r["num_patches"])}
+        for name, shape in expect.items():
+            if tuple(getattr(self, name).shape) != shape:
+                raise GalleryError(f"{name}.npy has shape {tuple(getattr(self, name).shape)}, manifest says {shape}; "
+                                   "the index is damaged — rebuild it")
+        if self.index.ntotal != self.count or len(self.meta) != self.count:
+            raise GalleryError(f"global.faiss holds {self.index.ntotal} vectors and meta.json {len(self.meta)} rows, "
+                               f"manifest says {self.count}; rebuild the index")
+
+    def __len__(self) -> int:
+        return self.count
+
+    def check_model(self, model, ckpt: str | os.PathLike | None = None) -> None:
+        """Raise GalleryError unless ``model`` (and its checkpoint file) is the one the index was built with."""
+        r, cfg = self.model_record, model.cfg
+        got = {"num_heads": cfg.num_heads, "d_a": cfg.d_a, "d_e": cfg.d_e, "d_global": cfg.d_global,
+               "num_patches": (cfg.image_size // cfg.patch_size) ** 2}
+        diff = {k: (r.get(k), v) for k, v in got.items() if r.get(k) != v}
+        if diff:
+            raise GalleryError(f"model does not match the index (index vs model): {diff}; serve with the "
+                               "checkpoint the index was built from, or rebuild the index")
+        if ckpt is not None and r.get("sha256") and file_sha256(ckpt) != r["sha256"]:
+            raise GalleryError(f"checkpoint {ckpt} is not the one the index was built with ({r.get('path')}, "
+                               f"sha256 {r['sha256'][:12]}…); rebuild the index or pass that checkpoint")
+
+    def image_path(self, image_id: int) -> Path:
+        p = Path(self.meta[image_id]["path"])
+        return p if p.is_absolute() else self.root / p
+
+    def candidates(self, ids) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Keys (K, H, L, d_a), values (K, H, L, d_e) as float32 tensors and mask (K, L) of the given ids."""
+        ids = np.asarray(ids, dtype=np.int64)
+        order = np.argsort(ids)  # sorted reads from the memmap (disk locality), then back to the given order
+        inv = torch.from_numpy(np.argsort(order))
+        sid = ids[order]
+        k = torch.from_numpy(self.keys.take(sid, axis=0)).float()[inv]
+        v = torch.from_numpy(self.values.take(sid, axis=0)).float()[inv]
+        m = torch.from_numpy(self.mask.take(sid, axis=0))[inv]
+        return k, v, m
+
+
+@torch.inference_mode()
+def search_text(model, gallery: Gallery, text, k: int, rerank: bool = True, k_prime: int = 100):
+    """Two-stage search for one encoded caption -> (ids (k,), scores (k,)) best first.
+
+    FAISS top-K' (``k_prime``, at least ``k``) on the global vectors; with ``rerank`` those candidates are
+    re-scored by the model's geometric score against their stored keys/values (fp16 on disk, fp32 here).
+    """
+    from mmgeo.models import Embedding
+
+    q = np.ascontiguousarray(text.pooled[:1].float().cpu().numpy())  # (1, d_g)
+    want = max(k, k_prime) if rerank else k
+    g_scores, ids = gallery.index.search(q, min(want, gallery.count))
+    keep = ids[0] >= 0  # HNSW / IVF may return fewer than asked (-1 padding)
+    ids, g_scores = ids[0][keep], g_scores[0][keep]
+    if not rerank or len(ids) == 0:
+        return ids[:k], g_scores[:k]
+    keys, values, mask = gallery.candidates(ids)  # (K', H, L, d_a), (K', H, L, d_e), (K', L)
+    cands = Embedding(torch.zeros(len(ids), 1), keys, values, mask)
+    s = model.score(text[:1].to("cpu"), cands)[0].float().numpy()  # (K',) geometric
+    order = np.argsort(-s, kind="stable")[:k]
+    return ids[order], s[order]

@@ -1,0 +1,164 @@
+"""Pictures of attention (DESIGN §3, §8): where each caption word looks, and diagnostics over training.
+
+    python -m mmgeo.viz --ckpt runs/synthetic/model.pt --image synthetic:3 --text "a red circle" --out heatmap.png
+    python -m mmgeo.viz curves --run runs/synthetic --out diag.png
+
+The heatmap of word t is softmax_j(<q_t, k_j> / sqrt(d_a)) over the image's patches, averaged over
+heads, upsampled to the image and overlaid. ``--image synthetic:INDEX`` takes a test image of the
+shapes world (and, without ``--text``, its first caption). ``curves`` plots the diag/* columns and
+the training losses of a run's metrics.csv (written by train.py's AttentionDiagnostics callback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+@torch.no_grad()
+def attention_maps(model, image, text: str) -> tuple[list[str], torch.Tensor]:
+    """Per caption word (special tokens dropped), the head-averaged attention over the patch grid.
+
+    image: a PIL image (preprocessed with ``model.preprocess``) or a preprocessed (3, H, W) tensor.
+    Returns (words, maps (n_words, h, w)), each map summing to 1 over the grid.
+    """
+    if not getattr(model, "geometric", False):
+        raise ValueError("attention maps need a geometric model; this one is global-only (score='global')")
+    pixels = image if isinstance(image, torch.Tensor) else model.preprocess(image)
+    tok = model.tokenize([text])
+    ids = tok["input_ids"][0]
+    t = model.forward_text(**{k: v.to(model.device) for k, v in tok.items()})
+    i = model.forward_image(pixels.unsqueeze(0).to(model.device))
+    q, k = t.attn[0], i.attn[0]  # (H, T, d_a), (H, S, d_a)
+    attn = (q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])).softmax(-1).mean(0)  # (T, S)
+    special = set(model.tokenizer.all_special_ids)
+    keep = [j for j, x in enumerate(ids.tolist()) if t.mask[0, j] and x not in special]
+    words = model.tokenizer.convert_ids_to_tokens([int(ids[j]) for j in keep])
+    h, w = model.key_head.grid
+    return words, attn[keep].view(len(keep), h, w).float().cpu()
+
+
+def _load_image(spec: str, model):
+    if spec.startswith("synthetic:"):
+        from mmgeo.data import build_dataset
+
+        idx = int(spec.split(":", 1)[1])
+        image, captions = build_dataset("synthetic", "test", image_size=model.cfg.image_size, size=idx + 1)[idx]
+        return image, captions[0]
+    from PIL import Image
+
+    if not Path(spec).is_file():
+        raise FileNotFoundError(f"image {spec!r} does not exist; pass a file or synthetic:INDEX (e.g. synthetic:0)")
+    return Image.open(spec).convert("RGB"), None
+
+
+def plot_heatmaps(image, words: list[str], maps: torch.Tensor, out: str | Path, title: str = "") -> Path:
+    """The image, then one panel per word with its (h, w) map upsampled and overlaid; writes a PNG."""
+    plt = _plt()
+    shown = image.convert("RGB").resize((256, 256)) if hasattr(image, "convert") else image
+    up = F.interpolate(maps[:, None], size=(256, 256), mode="bilinear", align_corners=False)[:, 0]  # (n, 256, 256)
+    cols = min(6, len(words) + 1)
+    rows = math.ceil((len(words) + 1) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(2.2 * cols, 2.4 * rows), dpi=100, squeeze=False)
+    for ax in axes.flat:
+        ax.axis("off")
+    axes.flat[0].imshow(shown)
+    axes.flat[0].set_title("image", fontsize=9)
+    for ax, word, m in zip(list(axes.flat)[1:], words, up):
+        ax.imshow(shown)
+        ax.imshow(m.numpy(), cmap="jet", alpha=0.5)
+        ax.set_title(word, fontsize=9)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out)
+    plt.close(fig)
+    return out
+
+
+def plot_curves(run: str | Path, out: str | Path) -> Path:
+    """diag/* columns and training losses of ``<run>/metrics.csv`` against the step; writes a PNG."""
+    path = Path(run) / "metrics.csv"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist; train with `python train.py --config ...` first")
+    series: dict[str, list[tuple[int, float]]] = {}
+    with path.open() as f:
+        for row in csv.DictReader(f):
+            for key, val in row.items():
+                if val and (key.startswith("diag/") or key.startswith("train/loss")):
+                    series.setdefault(key, []).append((int(row["step"]), float(val)))
+    if not series:
+        raise ValueError(f"{path} has no diag/* or train/loss* columns; train with aids.diagnostics_every_n_steps > 0")
+    panels = {"losses": [k for k in series if k.startswith("train/")],
+              "entropy": [k for k in series if "entropy" in k],
+              "Q/K effective rank": [k for k in series if "erank" in k],
+              "logit range": [k for k in series if "logit" in k],
+              "head redundancy": [k for k in series if "redundancy" in k]}
+    panels = {t: ks for t, ks in panels.items() if ks}
+    plt = _plt()
+    fig, axes = plt.subplots(len(panels), 1, figsize=(7, 2.2 * len(panels)), dpi=100, sharex=True, squeeze=False)
+    for ax, (title, keys) in zip(axes[:, 0], panels.items()):
+        for key in keys:
+            steps, vals = zip(*series[key])
+            ax.plot(steps, vals, label=key.split("/", 1)[1], marker="." if len(steps) < 30 else None)
+        if title == "entropy":
+            ax.axhline(0.5 * math.log(2), color="k", ls=":", lw=0.8, label="0.5·ln2 (collapse)")
+        ax.set_title(title, fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="best")
+    axes[-1, 0].set_xlabel("step")
+    fig.tight_layout()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out)
+    plt.close(fig)
+    return out
+
+
+def main(argv: list[str] | None = None) -> Path:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["curves"]:
+        p = argparse.ArgumentParser(prog="python -m mmgeo.viz curves", description="diagnostics over training")
+        p.add_argument("--run", required=True, help="run folder with metrics.csv, e.g. runs/synthetic")
+        p.add_argument("--out", default="diag.png")
+        args = p.parse_args(argv[1:])
+        out = plot_curves(args.run, args.out)
+    else:
+        p = argparse.ArgumentParser(prog="python -m mmgeo.viz", description=__doc__,
+                                    formatter_class=argparse.RawDescriptionHelpFormatter)
+        p.add_argument("--ckpt", required=True, help="model.pt from train.py")
+        p.add_argument("--image", required=True, help="image file, or synthetic:INDEX (a shapes-world test image)")
+        p.add_argument("--text", default=None, help="caption (default for synthetic:INDEX: its first caption)")
+        p.add_argument("--out", default="heatmap.png")
+        args = p.parse_args(argv)
+        from mmgeo.checkpoint import load_model
+
+        model = load_model(args.ckpt)
+        image, caption = _load_image(args.image, model)
+        text = args.text or caption
+        if not text:
+            p.error("--text is required for an image file")
+        words, maps = attention_maps(model, image, text)
+        out = plot_heatmaps(image, words, maps, args.out, title=text)
+    print(f"written {out}")
+    return out
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,217 @@
+"""The search service: FastAPI app over a gallery index (``mmgeo.gallery``) and its model.
+
+Endpoints: POST /search, POST /search/image, GET /images/{id}, GET /explain, GET /health, GET /metrics,
+GET / (web page). Every bad input is a 4xx with ``{"error": "..."}`` naming the problem.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import mimetypes
+import re
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated
+
+from fastapi import FastAPI, File, Query, Request, UploadFile
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, PlainTextResponse, Response
+from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from mmgeo.gallery import Gallery, open_image, search_text
+from serve.batching import MicroBatcher
+from serve.guard import BodySizeGuard
+from serve.metrics import Metrics, MetricsMiddleware
+
+PAGE = Path(__file__).with_name("page.html")
+
+
+@dataclass
+class Limits:
+    max_text_chars: int = 500
+    max_k: int = 100
+    k_prime: int = 100  # first-stage candidates re-ranked by the geometric score
+    max_upload_bytes: int = 10 << 20
+    max_image_pixels: int = 40_000_000
+    batch_size: int = 32  # micro-batch of text encodings
+    batch_wait_ms: float = 3.0
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str):
+        self.status, self.message = status, message
+
+
+class SearchRequest(BaseModel):
+    text: str = Field(description="caption-like query, e.g. 'a red circle on the left'")
+    k: int = Field(10, description="results to return (1..max_k, 100 by default)")
+    rerank: bool = Field(True, description="re-rank the FAISS top K' (100) by the geometric score")
+
+
+def _check_text(text: str, limits: Limits) -> str:
+    if not text or not text.strip():
+        raise ValueError("text is empty: give a caption-like query, e.g. 'a red circle on the left'")
+    if len(text) > limits.max_text_chars:
+        raise ValueError(f"text is {len(text)} characters, over the limit of {limits.max_text_chars}")
+    return text
+
+
+def _check_query(text: str | None, k: int | None, limits: Limits) -> None:
+    """Raise ApiError(422) naming the problem with a query's text or k."""
+    if text is not None:
+        try:
+            _check_text(text, limits)
+        except ValueError as err:
+            raise ApiError(422, str(err)) from None
+    if k is not None and not 1 <= k <= limits.max_k:
+        raise ApiError(422, f"k must be between 1 and {limits.max_k}, got {k}")
+
+
+def create_app(index_dir, model=None, ckpt=None, limits: Limits | None = None) -> FastAPI:
+    """App over the index at ``index_dir``; the model is ``model`` or loaded from ``ckpt`` / the manifest's path."""
+    import mmgeo
+
+    limits = limits or Limits()
+    gallery = Gallery(index_dir)
+    if model is None:
+        ckpt = ckpt or gallery.model_record.get("path")
+        if not ckpt:
+            raise ValueError(f"index {index_dir} records no checkpoint path; pass --ckpt")
+        model = mmgeo.load_model(ckpt)
+    gallery.check_model(model, ckpt)
+
+    def encode_batch(texts: list[str]) -> list:
+        """One micro-batch of queries, in a worker thread: one encode call -> one Embedding row per text."""
+        emb = model.encode_text(texts).to("cpu")  # rows (B, ...)
+        return [emb[i:i + 1] for i in range(len(texts))]
+
+    batcher = MicroBatcher(encode_batch, limits.batch_size, limits.batch_wait_ms)
+    metrics = Metrics()
+
+    @asynccontextmanager
+    async def lifespan(app):
+        await batcher.start()
+        yield
+        await batcher.stop()
+
+    app = FastAPI(title="mmgeo image search", lifespan=lifespan,
+                  description="Text -> image search: FAISS on global vectors, geometric re-rank.")
+    app.state.gallery, app.state.model, app.state.batcher, app.state.limits = gallery, model, batcher, limits
+    app.add_middleware(BodySizeGuard, limits={"/search/image": limits.max_upload_bytes + (64 << 10)},
+                       default=64 << 10)  # multipart headroom; JSON bodies are small
+    app.add_middleware(MetricsMiddleware, metrics=metrics)  # outermost: counts the guard's 413s too
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, err: ApiError):
+        return JSONResponse({"error": err.message}, status_code=err.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, err: RequestValidationError):
+        errs = err.errors()
+        if any(e.get("type") == "json_invalid" for e in errs):
+            return JSONResponse({"error": "malformed JSON body: send e.g. {\"text\": \"a red circle\", \"k\": 10}"},
+                                status_code=400)
+        msgs = [f"{'.'.join(str(p) for p in e['loc'] if p != 'body') or 'body'}: "
+                f"{str(e['msg']).removeprefix('Value error, ')}" for e in errs]
+        return JSONResponse({"error": "; ".join(msgs)}, status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, err: StarletteHTTPException):
+        msg = f"no such endpoint: {request.url.path}" if err.status_code == 404 else str(err.detail)
+        return JSONResponse({"error": msg}, status_code=err.status_code)
+
+    @app.exception_handler(Exception)
+    async def _crash(request: Request, err: Exception):
+        return JSONResponse({"error": f"internal error: {type(err).__name__}: {err}"}, status_code=500)
+
+    def result_rows(ids, scores):
+        return [{"id": int(i), "score": float(s), "url": f"/images/{int(i)}"} for i, s in zip(ids, scores)]
+
+    def image_id(raw: str) -> int:
+        if not re.fullmatch(r"[0-9]{1,12}", raw):
+            raise ApiError(400, f"image id must be a non-negative integer from the index, got {raw[:80]!r}")
+        i = int(raw)
+        if i >= gallery.count:
+            raise ApiError(404, f"unknown image id {i}: the index holds ids 0..{gallery.count - 1}")
+        return i
+
+    @app.post("/search", summary="Text -> ranked images")
+    async def search(req: SearchRequest):
+        _check_query(req.text, req.k, limits)
+        emb = await batcher.submit(req.text)  # batched with concurrent queries
+        # FAISS + re-rank per request in its own worker thread: requests of a batch run on all cores
+        ids, scores = await asyncio.to_thread(search_text, model, gallery, emb, req.k, req.rerank, limits.k_prime)
+        return {"query": req.text, "rerank": req.rerank, "results": result_rows(ids, scores)}
+
+    @app.post("/search/image", summary="Image upload -> similar images (global vectors)")
+    async def search_image(file: Annotated[UploadFile, File(description="image file")], k: int = Query(10)):
+        _check_query(None, k, limits)
+        data = await file.read(limits.max_upload_bytes + 1)
+        if len(data) > limits.max_upload_bytes:
+            raise ApiError(413, f"upload is over the limit of {limits.max_upload_bytes} bytes")
+        if not data:
+            raise ApiError(400, "upload is empty: send an image file in the 'file' field")
+        im = await asyncio.to_thread(_decode_upload, data, limits.max_image_pixels)
+        emb = await asyncio.to_thread(model.encode_image, [im])
+        q = emb.pooled.float().cpu().numpy()  # (1, d_g)
+        scores, ids = await asyncio.to_thread(gallery.index.search, q, min(k, gallery.count))
+        keep = ids[0] >= 0
+        return {"results": result_rows(ids[0][keep], scores[0][keep])}
+
+    @app.get("/images/{raw_id:path}", summary="The image file of an index id")
+    async def get_image(raw_id: str):
+        i = image_id(raw_id)
+        path = gallery.image_path(i)
+        if not path.is_file():
+            raise ApiError(404, f"image {i}'s file is no longer on disk ({gallery.meta[i]['path']})")
+        return FileResponse(path, media_type=mimetypes.guess_type(path.name)[0] or "application/octet-stream")
+
+    @app.get("/explain", summary="PNG heatmap: where each caption word looks in an image",
+             response_class=Response, responses={200: {"content": {"image/png": {}}}})
+    async def explain(id: str = Query(..., description="image id"), text: str = Query(...)):
+        from serve.explain import explain_png
+
+        i = image_id(id)
+        _check_query(text, None, limits)
+        path = gallery.image_path(i)
+        im = await asyncio.to_thread(open_image, path) if path.is_file() else None
+        png = await asyncio.to_thread(explain_png, model, gallery, i, text, im)
+        return Response(png, media_type="image/png")
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "images": gallery.count, "index_type": gallery.manifest["index_type"],
+                "skipped_at_build": gallery.manifest["skipped"]["count"]}
+
+    @app.get("/metrics", response_class=PlainTextResponse)
+    async def get_metrics():
+        body = metrics.render({
+            "mmgeo_index_images": ("Images in the loaded index.", gallery.count),
+            "mmgeo_text_batches_total": ("Micro-batches of query encodings run.", batcher.batches),
+            "mmgeo_text_batched_queries_total": ("Queries encoded in micro-batches.", batcher.items)})
+        return PlainTextResponse(body, media_type="text/plain; version=0.0.4")
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    async def page():
+        return HTMLResponse(PAGE.read_text())
+
+    return app
+
+
+def _decode_upload(data: bytes, max_pixels: int):
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        return open_image(io.BytesIO(data), max_pixels=max_pixels)
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as err:
+        raise ApiError(413, f"image has too many pixels (decompression bomb guard): {err}") from None
+    except ValueError as err:
+        if "pixels" in str(err):
+            raise ApiError(413, f"image has too many pixels: {err}") from None
+        raise ApiError(400, f"upload is not a readable image: {err}") from None
+    except (UnidentifiedImageError, OSError, SyntaxError) as err:
+        raise ApiError(400, f"upload is not a readable image (PNG, JPEG, ...): {type(err).__name__}") from None
+

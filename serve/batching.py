@@ -1,0 +1,70 @@
+"""Micro-batching: requests wait a few ms on a queue and are processed together in a worker thread.
+
+The event loop never runs the model: a worker task gathers up to ``max_batch`` items (waiting at most
+``max_wait_ms`` after the first), runs ``fn(items) -> results`` (one result per item, e.g. encode the
+texts in one call, then search each) via ``asyncio.to_thread`` and hands every waiter its own result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+
+class MicroBatcher:
+    """``await batcher.submit(item)`` -> ``fn([...items])[i]`` for this item's position ``i`` in its batch."""
+
+    def __init__(self, fn: Callable, max_batch: int = 32, max_wait_ms: float = 3.0):
+        self.fn, self.max_batch, self.max_wait = fn, max_batch, max_wait_ms / 1000
+        self.queue: asyncio.Queue | None = None
+        self.worker: asyncio.Task | None = None
+        self.batches = 0  # batches run so far (for /metrics)
+        self.items = 0
+
+    async def start(self) -> None:
+        self.queue = asyncio.Queue()
+        self.worker = asyncio.create_task(self._run())
+
+    async def stop(self) -> None:
+        if self.worker is not None:
+            self.worker.cancel()
+            try:
+                await self.worker
+            except asyncio.CancelledError:
+                pass
+            self.worker = None
+
+    async def submit(self, item):
+        if self.worker is None:
+            await self.start()
+        fut = asyncio.get_running_loop().create_future()
+        await self.queue.put((item, fut))
+        return await fut
+
+    async def _run(self) -> None:
+        while True:
+            batch = [await self.queue.get()]
+            deadline = time.monotonic() + self.max_wait
+            while len(batch) < self.max_batch:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                try:
+                    batch.append(await asyncio.wait_for(self.queue.get(), left))
+                except asyncio.TimeoutError:
+                    break
+            batch = [(t, f) for t, f in batch if not f.done()]  # drop requests cancelled while queued
+            if not batch:
+                continue
+            try:
+                out = await asyncio.to_thread(self.fn, [t for t, _ in batch])
+            except Exception as err:  # noqa: BLE001 - hand the error to every waiter, keep serving
+                for _, f in batch:
+                    if not f.done():
+                        f.set_exception(err)
+                continue
+            self.batches, self.items = self.batches + 1, self.items + len(batch)
+            for i, (_, f) in enumerate(batch):
+                if not f.done():
+                    f.set_result(out[i])

@@ -1,0 +1,84 @@
+"""Command line: ``build`` an index from a checkpoint and images, ``run`` the HTTP service over one."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from mmgeo.gallery import INDEX_TYPES
+
+
+def parse(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m serve", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+    b = sub.add_parser("build", help="encode images into an index directory (atomic: temp dir, then rename)")
+    b.add_argument("--ckpt", required=True, help="model checkpoint (model.pt from train.py)")
+    src = b.add_mutually_exclusive_group(required=True)
+    src.add_argument("--images", help="folder of image files (searched recursively)")
+    src.add_argument("--data", choices=["synthetic"], help="embedded dataset (images are copied into the index)")
+    b.add_argument("--split", default="test", help="split of --data")
+    b.add_argument("--limit", type=int, default=None, help="index at most this many images")
+    b.add_argument("--seed", type=int, default=0, help="seed of --data synthetic")
+    b.add_argument("--out", required=True, help="index directory to write (replaced only when complete)")
+    b.add_argument("--index-type", default="auto", choices=INDEX_TYPES,
+                   help="FAISS index: auto = flat below 10k images, HNSW below 1M, IVF-PQ above")
+    b.add_argument("--batch-size", type=int, default=64)
+    b.add_argument("--no-progress", action="store_true")
+    r = sub.add_parser("run", help="serve an index over HTTP")
+    r.add_argument("--index", required=True, help="index directory from `build`")
+    r.add_argument("--ckpt", default=None, help="checkpoint (default: the one recorded in the index)")
+    r.add_argument("--host", default="127.0.0.1")
+    r.add_argument("--port", type=int, default=8000)
+    r.add_argument("--k-prime", type=int, default=100, help="first-stage candidates re-ranked geometrically")
+    r.add_argument("--torch-threads", type=int, default=1, help="torch / FAISS threads (1 = steady latency)")
+    return p.parse_args(argv)
+
+
+def build(args) -> int:
+    import mmgeo
+    from mmgeo.gallery import build_gallery, folder_items
+
+    model = mmgeo.load_model(args.ckpt)
+    if args.images:
+        items, total = folder_items(args.images)
+    else:
+        from mmgeo.data import build_dataset
+
+        ds = build_dataset(args.data, args.split, seed=args.seed, image_size=model.cfg.image_size)
+        total = len(ds)
+        items = ((None, (lambda i=i: ds[i][0])) for i in range(total))
+    if args.limit is not None:
+        total = min(total, args.limit)
+    if total == 0:
+        print(f"error: no image files found in {args.images}", file=sys.stderr)
+        return 2
+    man = build_gallery(model, items, total, args.out, ckpt=args.ckpt, index_type=args.index_type,
+                        batch_size=args.batch_size, progress=not args.no_progress)
+    print(f"indexed {man['count']} image(s) into {args.out} ({man['index_type']}); "
+          f"skipped {man['skipped']['count']} unreadable file(s)")
+    for s in man["skipped"]["files"][:10]:
+        print(f"  skipped {s['path']}: {s['error']}")
+    return 0
+
+
+def run(args) -> int:
+    import faiss
+    import torch
+    import uvicorn
+
+    from serve.app import Limits, create_app
+
+    torch.set_num_threads(args.torch_threads)
+    faiss.omp_set_num_threads(args.torch_threads)
+    app = create_app(args.index, ckpt=args.ckpt, limits=Limits(k_prime=args.k_prime))
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    return 0
+
+
+def main(argv=None) -> int:
+    args = parse(argv)
+    try:
+        return build(args) if args.command == "build" else run(args)
+    except (FileNotFoundError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2

@@ -1,0 +1,54 @@
+"""Attention heatmaps: which patches each caption word looks at (DESIGN §2, a_tj = softmax_j <q_t, k_j>/sqrt(d_a))."""
+
+from __future__ import annotations
+
+import io
+import math
+
+import numpy as np
+import torch
+
+MAX_PANELS = 24  # words drawn at most (a caption rarely has more)
+
+
+def token_attention(q: torch.Tensor, q_mask: torch.Tensor, k: torch.Tensor, k_mask: torch.Tensor) -> torch.Tensor:
+    """q (H, T, d_a), k (H, L, d_a), masks (T,), (L,) -> (T_real, L) attention over patches, mean over heads."""
+    logits = torch.einsum("htd,hld->htl", q.float(), k.float()) / math.sqrt(q.shape[-1])  # (H, T, L)
+    logits = logits.masked_fill(~k_mask[None, None, :], float("-inf"))
+    return logits.softmax(-1).mean(0)[q_mask]  # (T_real, L)
+
+
+def explain_png(model, gallery, image_id: int, text: str, image=None) -> bytes:
+    """PNG: one panel per caption token, the image with that token's attention over the patch grid."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tok = model.tokenize([text])
+    emb = model.encode_text([text])
+    q, q_mask = emb.attn[0].cpu(), emb.mask[0].cpu()  # (H, T, d_a), (T,)
+    k = torch.from_numpy(np.array(gallery.keys[image_id], dtype=np.float32))  # (H, L, d_a)
+    k_mask = torch.from_numpy(np.array(gallery.mask[image_id]))  # (L,)
+    attn = token_attention(q, q_mask, k, k_mask)  # (T_real, L)
+    words = model.tokenizer.convert_ids_to_tokens(tok["input_ids"][0][tok["attention_mask"][0].bool()].tolist())
+    panels = [(w if w != "[CLS]" else "[CLS] (overview)", a) for w, a in zip(words, attn) if w not in ("[SEP]",)]
+    panels = panels[:MAX_PANELS]
+    side = int(math.isqrt(attn.shape[1]))
+    pic = np.asarray(image.convert("RGB")) if image is not None else np.full((side, side, 3), 128, np.uint8)
+    cols = min(6, len(panels))
+    rows = math.ceil(len(panels) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(2.0 * cols, 2.2 * rows), dpi=80, squeeze=False)
+    for ax in axes.flat:
+        ax.axis("off")
+    for ax, (word, a) in zip(axes.flat, panels):
+        ax.imshow(pic, extent=(0, 1, 0, 1))
+        heat = a.reshape(side, side).numpy() if side * side == a.numel() else a[None].numpy()
+        ax.imshow(heat, cmap="jet", alpha=0.5, extent=(0, 1, 0, 1), interpolation="nearest")
+        ax.set_title(word, fontsize=9)
+    fig.suptitle(f"image {image_id}: where each word looks", fontsize=10)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    return buf.getvalue()

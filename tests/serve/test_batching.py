@@ -1,0 +1,47 @@
+"""Micro-batching: concurrent requests share encode calls, each gets its own row, errors reach every waiter."""
+
+import asyncio
+import threading
+
+import pytest
+
+from serve.batching import MicroBatcher
+
+
+def test_concurrent_requests_are_batched_off_the_event_loop():
+    calls, loop_thread = [], []
+
+    def encode(texts):
+        calls.append((list(texts), threading.current_thread()))
+        return [t.upper() for t in texts]
+
+    async def main():
+        loop_thread.append(threading.current_thread())
+        b = MicroBatcher(encode, max_batch=8, max_wait_ms=20)
+        await b.start()
+        out = await asyncio.gather(*(b.submit(f"q{i}") for i in range(20)))
+        await b.stop()
+        return out, b
+
+    out, b = asyncio.run(main())
+    assert out == [f"Q{i}" for i in range(20)]  # each waiter gets its own row, in order
+    assert len(calls) < 20 and max(len(t) for t, _ in calls) == 8 and b.items == 20
+    assert all(th is not loop_thread[0] for _, th in calls), "encode must run in a worker thread"
+
+
+def test_an_encode_error_reaches_the_waiters_and_the_worker_survives():
+    def encode(texts):
+        if "boom" in texts:
+            raise RuntimeError("encoder failed")
+        return texts
+
+    async def main():
+        b = MicroBatcher(encode, max_batch=4, max_wait_ms=1)
+        await b.start()
+        with pytest.raises(RuntimeError, match="encoder failed"):
+            await b.submit("boom")
+        ok = await b.submit("fine")
+        await b.stop()
+        return ok
+
+    assert asyncio.run(main()) == "fine"
