@@ -248,10 +248,11 @@ class RetrievalModule(L.LightningModule):
 
 class AttentionDiagnostics(L.Callback):
     """Attention entropy, Q/K spectra, head redundancy and logit range (``mmgeo.diagnostics``) on a fixed val
-    batch every N steps, logged as diag/* scalars; each kind of threshold warning is raised once per run."""
+    batch every N steps, logged as diag/* scalars; each kind of threshold warning is raised once per run,
+    and only after ``grace_steps`` (at initialisation attention is near-uniform by construction)."""
 
-    def __init__(self, dataset, every_n_steps: int):
-        self.dataset, self.every, self.warned = dataset, every_n_steps, set()
+    def __init__(self, dataset, every_n_steps: int, grace_steps: int = 0):
+        self.dataset, self.every, self.grace, self.warned = dataset, every_n_steps, grace_steps, set()
 
     def _run(self, trainer, module):
         model = module.model
@@ -260,7 +261,7 @@ class AttentionDiagnostics(L.Callback):
         split = encode_split(model, self.dataset, progress=False)
         model.train(was_training)
         report = diagnose(model, split.texts, split.images, split.text_to_image, warn=False)
-        for msg in report["warnings"]:
+        for msg in report["warnings"] if trainer.global_step >= self.grace else []:
             symptom = msg.split(" — ", 1)[-1]
             if symptom not in self.warned:
                 self.warned.add(symptom)
@@ -343,7 +344,8 @@ def main(argv: list[str] | None = None) -> Path:
     callbacks.append(SkippedReport(splits))
     if cfg.aids.diagnostics_every_n_steps and module.model.geometric:
         diag_set = open_split(d, "val", cfg.aids.diagnostics_images)
-        callbacks.append(AttentionDiagnostics(diag_set, cfg.aids.diagnostics_every_n_steps))
+        callbacks.append(AttentionDiagnostics(diag_set, cfg.aids.diagnostics_every_n_steps,
+                                              grace_steps=cfg.trainer.max_steps // 10))  # warn past 10%
     t = cfg.trainer
     trainer = L.Trainer(max_steps=t.max_steps, accelerator=t.accelerator, devices=t.devices, precision=t.precision,
                         logger=L.pytorch.loggers.CSVLogger(cfg.out_dir, name=cfg.name, version=""),

@@ -145,3 +145,23 @@ def test_eval_json_notes_skipped_diagnostics_for_global_only(tmp_path):
             "--data.image_size", "32"] + [x for k, v in TINY.items() for x in (f"--model_args.{k}", str(v))]
     result = eval_app.main(["--ckpt", str(train_app.main(args)), "--limit", "3"])
     assert "global-only" in result["diagnostics"]["skipped"]
+
+
+def test_diagnostic_warnings_wait_for_the_grace_period(tiny_model):
+    """At initialisation attention is near-uniform by construction: no warning before grace_steps."""
+    import types
+    import warnings as w
+
+    from mmgeo.data import ShapesWorld
+    from train import AttentionDiagnostics
+
+    cb = AttentionDiagnostics(ShapesWorld("val", image_size=32, size=4), every_n_steps=1, grace_steps=5)
+    module = types.SimpleNamespace(model=tiny_model)
+    with w.catch_warnings(record=True) as early:
+        w.simplefilter("always")
+        cb._run(types.SimpleNamespace(global_step=1, logger=None), module)
+    assert not [x for x in early if "step 1" in str(x.message)]
+    with w.catch_warnings(record=True) as late:
+        w.simplefilter("always")
+        cb._run(types.SimpleNamespace(global_step=5, logger=None), module)
+    assert any("near-uniform" in str(x.message) for x in late)  # an untrained model attends uniformly
