@@ -31,6 +31,14 @@ def _plt():
 
 
 @torch.no_grad()
+def token_attention(q: torch.Tensor, q_mask: torch.Tensor, k: torch.Tensor, k_mask: torch.Tensor) -> torch.Tensor:
+    """q (H, T, d_a), k (H, S, d_a), masks (T,), (S,) -> (T_real, S): softmax_j(<q_t, k_j>/sqrt(d_a)) over real
+    patches, averaged over heads, for the real tokens (DESIGN §2's a_tj)."""
+    logits = torch.einsum("htd,hsd->hts", q.float(), k.float()) / math.sqrt(q.shape[-1])  # (H, T, S)
+    logits = logits.masked_fill(~k_mask[None, None, :], float("-inf"))
+    return logits.softmax(-1).mean(0)[q_mask]  # (T_real, S)
+
+
 def attention_maps(model, image, text: str) -> tuple[list[str], torch.Tensor]:
     """Per caption word (special tokens dropped), the head-averaged attention over the patch grid.
 
@@ -44,8 +52,7 @@ def attention_maps(model, image, text: str) -> tuple[list[str], torch.Tensor]:
     ids = tok["input_ids"][0]
     t = model.forward_text(**{k: v.to(model.device) for k, v in tok.items()})
     i = model.forward_image(pixels.unsqueeze(0).to(model.device))
-    q, k = t.attn[0], i.attn[0]  # (H, T, d_a), (H, S, d_a)
-    attn = (q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])).softmax(-1).mean(0)  # (T, S)
+    attn = token_attention(t.attn[0], t.mask[0], i.attn[0], i.mask[0])  # (T_real, S); real tokens come first
     special = set(model.tokenizer.all_special_ids)
     keep = [j for j, x in enumerate(ids.tolist()) if t.mask[0, j] and x not in special]
     words = model.tokenizer.convert_ids_to_tokens([int(ids[j]) for j in keep])

@@ -8,14 +8,9 @@ import math
 import numpy as np
 import torch
 
+from mmgeo.viz import token_attention
+
 MAX_PANELS = 24  # words drawn at most (a caption rarely has more)
-
-
-def token_attention(q: torch.Tensor, q_mask: torch.Tensor, k: torch.Tensor, k_mask: torch.Tensor) -> torch.Tensor:
-    """q (H, T, d_a), k (H, L, d_a), masks (T,), (L,) -> (T_real, L) attention over patches, mean over heads."""
-    logits = torch.einsum("htd,hld->htl", q.float(), k.float()) / math.sqrt(q.shape[-1])  # (H, T, L)
-    logits = logits.masked_fill(~k_mask[None, None, :], float("-inf"))
-    return logits.softmax(-1).mean(0)[q_mask]  # (T_real, L)
 
 
 def explain_png(model, gallery, image_id: int, text: str, image=None) -> bytes:
