@@ -31,6 +31,13 @@ def plot_recall_curves(ranks: dict[str, torch.Tensor], path: str | Path, title: 
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(loc="lower right")
     ax.set_title(title)
+    return save_figure(fig, path)
+
+
+def save_figure(fig, path: str | Path) -> Path:
+    """Lay out, write (making folders) and close a matplotlib figure; returns the path."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -20,6 +20,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from mmgeo.plots import save_figure
+
 
 def _plt():
     import matplotlib
@@ -91,12 +93,7 @@ def plot_heatmaps(image, words: list[str], maps: torch.Tensor, out: str | Path, 
         ax.imshow(m.numpy(), cmap="jet", alpha=0.5)
         ax.set_title(word, fontsize=9)
     fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out)
-    plt.close(fig)
-    return out
+    return save_figure(fig, out)
 
 
 def plot_curves(run: str | Path, out: str | Path) -> Path:
@@ -130,12 +127,7 @@ def plot_curves(run: str | Path, out: str | Path) -> Path:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="best")
     axes[-1, 0].set_xlabel("step")
-    fig.tight_layout()
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out)
-    plt.close(fig)
-    return out
+    return save_figure(fig, out)
 
 
 def main(argv: list[str] | None = None) -> Path:
