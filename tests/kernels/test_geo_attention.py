@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from mmgeo.kernels import geo_attention, geo_attention_reference
+from tests.kernels.tolerance import assert_close_scaled
 
 ga_module = importlib.import_module("mmgeo.kernels.geo_attention")
 
@@ -36,11 +37,6 @@ def _inputs(b, h, n, m, da, dv, pad, dtype, device, seed=0):
     return q, k, v, kpm
 
 
-def _close(actual, expected, tol, what):
-    scale = expected.abs().max().item()
-    torch.testing.assert_close(actual.double(), expected.double(), atol=tol * max(scale, 1e-6), rtol=tol, msg=what)
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
 @pytest.mark.parametrize("case", list(CASES))
 def test_triton_matches_reference_forward_and_backward(case, dtype, device, force_triton):
@@ -53,7 +49,7 @@ def test_triton_matches_reference_forward_and_backward(case, dtype, device, forc
 
     ref_leaves = [x.detach().double().requires_grad_() for x in (q, k, v)]
     ref = geo_attention_reference(*ref_leaves, key_padding_mask=kpm, causal=causal)
-    _close(out, ref, TOL[dtype], "forward")
+    assert_close_scaled(out, ref, TOL[dtype], "forward")
     assert torch.isfinite(out).all()
 
     do = torch.randn(ref.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64).to(device)
@@ -61,7 +57,7 @@ def test_triton_matches_reference_forward_and_backward(case, dtype, device, forc
     ref_grads = torch.autograd.grad(ref, ref_leaves, do)
     for name, a, b_ in zip("qkv", grads, ref_grads):
         assert a.dtype == dtype and a.shape == b_.shape
-        _close(a, b_, TOL[dtype], f"d{name}")
+        assert_close_scaled(a, b_, TOL[dtype], f"d{name}")
     if case == "fully-padded-batch":
         assert out[1].abs().max() == 0 and grads[0][1].abs().max() == 0
 
@@ -127,6 +123,6 @@ def test_cuda_bf16_matches_reference(dims, causal, monkeypatch):
     ref_in = [x.detach().float().requires_grad_() for x in (q, k, v)]
     ref = geo_attention_reference(*ref_in, key_padding_mask=kpm, causal=causal)
     ref_grads = torch.autograd.grad(ref, ref_in, do.float())
-    _close(out.float(), ref, 2e-2, "forward")
+    assert_close_scaled(out.float(), ref, 2e-2, "forward")
     for name, a, b in zip("qkv", grads, ref_grads):
-        _close(a.float(), b, 3e-2, f"d{name}")
+        assert_close_scaled(a.float(), b, 3e-2, f"d{name}")

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from mmgeo.kernels import pair_score, pair_score_naive, pair_score_reference
+from tests.kernels.tolerance import assert_close_scaled
 
 ps_module = importlib.import_module("mmgeo.kernels.pair_score")
 
@@ -32,11 +33,6 @@ def _inputs(bt, bi, h, t, s, da, de, dtype, device, seed=0):
     return q, q_mask.to(device), u, k, k_mask.to(device), v
 
 
-def _close(actual, expected, tol, what):
-    scale = expected.abs().max().item()
-    torch.testing.assert_close(actual.double(), expected.double(), atol=tol * max(scale, 1e-6), rtol=tol, msg=what)
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
 @pytest.mark.parametrize("case", list(CASES))
 def test_triton_matches_reference_forward_and_backward(case, dtype, device, force_triton):
@@ -48,14 +44,14 @@ def test_triton_matches_reference_forward_and_backward(case, dtype, device, forc
 
     ref_leaves = [x.detach().double().requires_grad_() for x in (q, u, k, v)]  # same rounded inputs, exact math
     ref = pair_score_naive(ref_leaves[0], qm, ref_leaves[1], ref_leaves[2], km, ref_leaves[3])
-    _close(out, ref, TOL[dtype], "forward")
+    assert_close_scaled(out, ref, TOL[dtype], "forward")
 
     w = torch.randn(ref.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64).to(device)
     grads = torch.autograd.grad(out, leaves, w.float())
     ref_grads = torch.autograd.grad(ref, ref_leaves, w)
     for name, a, b in zip("qukv", grads, ref_grads):
         assert a.dtype == dtype
-        _close(a, b, TOL[dtype], f"d{name}")
+        assert_close_scaled(a, b, TOL[dtype], f"d{name}")
 
 
 def test_backward_image_splits_sum_to_the_same_gradients(device, force_triton, monkeypatch):
@@ -77,7 +73,7 @@ def test_frozen_image_side_gets_no_gradient(device, force_triton):
     (dq,) = torch.autograd.grad(out.sum(), q)
     ref_q = q.detach().double().requires_grad_()
     (expected,) = torch.autograd.grad(pair_score_naive(ref_q, qm, u.double(), k.double(), km, v.double()).sum(), ref_q)
-    _close(dq, expected, 1e-4, "dq")
+    assert_close_scaled(dq, expected, 1e-4, "dq")
 
 
 def test_mixed_dtypes_promote_and_grads_keep_each_dtype(device, force_triton):
@@ -88,7 +84,8 @@ def test_mixed_dtypes_promote_and_grads_keep_each_dtype(device, force_triton):
     out = pair_score(q16, qm, u, k, km, v)
     dq, du = torch.autograd.grad(out.sum(), (q16, u))
     assert dq.dtype == torch.float16 and du.dtype == torch.float32
-    _close(out, pair_score_naive(q16.double(), qm, u.double(), k.double(), km, v.double()), 1e-4, "forward")
+    expected = pair_score_naive(q16.double(), qm, u.double(), k.double(), km, v.double())
+    assert_close_scaled(out, expected, 1e-4, "forward")
 
 
 def test_no_grad_forward_skips_the_saved_statistics(device, force_triton):
@@ -160,6 +157,6 @@ def test_cuda_auto_dispatch_matches_reference_at_model_shapes(dtype, monkeypatch
     ref = pair_score_reference(ref_in[0], qm, ref_in[1], ref_in[2], km, ref_in[3])
     ref_grads = torch.autograd.grad((ref * w).sum(), ref_in)
     tol = {torch.bfloat16: 2e-2, torch.float16: 3e-3, torch.float32: 2e-3}[dtype]  # fp32 may run TF32
-    _close(out, ref, tol, "forward")
+    assert_close_scaled(out, ref, tol, "forward")
     for name, a, b in zip("qukv", grads, ref_grads):
-        _close(a.float(), b, tol, f"d{name}")
+        assert_close_scaled(a.float(), b, tol, f"d{name}")
