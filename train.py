@@ -1,16 +1,20 @@
-"""Train a retrieval model contrastively with Lightning.
+"""Train a retrieval model contrastively with Lightning, on one process or many (DDP / FSDP).
 
     python train.py --config configs/synthetic.yaml [--trainer.max_steps 300 --model_args.d_a 64 ...]
+    python train.py --config configs/synthetic.yaml --resume          # continue from the last step checkpoint
 
 Writes under runs/<name>/: config.yaml (the resolved config), metrics.csv (losses, temperatures,
-validation R@K), checkpoints/ (Lightning, for resuming), model.pt (for eval.py / load_model).
+validation R@K), checkpoints/ (step checkpoints, written atomically, for --resume), model.pt (for
+eval.py / load_model), samples.tsv (with trainer.log_samples: the items of every step).
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
+import tempfile
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -25,8 +29,10 @@ from torch.utils.data import DataLoader, Dataset
 from mmgeo.checkpoint import model_record, save_model
 from mmgeo.config import load_config, to_dict
 from mmgeo.data import MAX_PIXELS, build_dataset
-from mmgeo.diagnostics import diagnose, orthogonality_penalty, qk_weights, scalars
-from mmgeo.losses import retrieval_loss
+from mmgeo.data.sampler import ResumableBatchSampler
+from mmgeo.diagnostics import diagnose, nonfinite_cause, orthogonality_penalty, qk_weights, scalars
+from mmgeo.distributed import all_gather_no_grad, all_reduce_any, rank_and_world
+from mmgeo.losses import contrastive_loss
 from mmgeo.metrics import retrieval_metrics
 from mmgeo.models import create_model
 from mmgeo.retrieval import encode_split, exact_scores
@@ -60,19 +66,24 @@ class OptimConfig:
 @dataclass
 class LossConfig:
     global_weight: float = 1.0  # λ: weight of the global InfoNCE next to the geometric one
+    local_loss: bool = False  # several ranks: score local captions/images against all (2·B·W·B pairs, not (W·B)²)
 
 
 @dataclass
 class TrainerConfig:
     max_steps: int = 1000  # optimiser steps
-    batch_size: int = 128  # image–caption pairs per step (one random caption of five per image)
+    batch_size: int = 128  # image–caption pairs per step over ALL devices (each gets batch_size / world)
     accelerator: str = "auto"  # Lightning accelerator: cpu, gpu, auto
-    devices: int = 1  # devices to train on
+    devices: int = 1  # devices (processes) per node
+    num_nodes: int = 1  # nodes (SLURM / torchrun); world size = devices × num_nodes
+    strategy: str = "auto"  # Lightning strategy: auto, ddp, fsdp (loss gathered across ranks either way)
     precision: str = "32-true"  # Lightning precision, e.g. bf16-mixed on GPU
     val_every_n_steps: int = 250  # validation R@K interval (0 = only at the end)
     log_every_n_steps: int = 10  # metrics logging interval
-    checkpoint_every_n_steps: int = 500  # Lightning checkpoint interval
-    seed: int = 0  # seed of weights, caption choice and data order
+    checkpoint_every_n_steps: int = 500  # step checkpoints (atomic) for --resume; 0 = only at the end
+    max_nonfinite_steps: int = 5  # a non-finite loss/gradient skips its step; stop after this many in a row
+    log_samples: bool = False  # append each step's item indices to samples.tsv (audits the data order)
+    seed: int = 0  # seed of weights, caption choice, data order and per-step dropout
     threads: int = 0  # torch CPU threads (0 = torch's default)
 
 
@@ -126,33 +137,36 @@ class SkippedReport(L.Callback):
 
     def on_train_epoch_end(self, trainer, module):
         for split, ds in self.datasets.items():
-            print(f"\nepoch {trainer.current_epoch}: {split} skipped {dict(ds.skipped) or 'nothing'} "
-                  f"({len(ds)} images used)")
+            if trainer.is_global_zero:
+                print(f"\nepoch {trainer.current_epoch}: {split} skipped {dict(ds.skipped) or 'nothing'} "
+                      f"({len(ds)} images used)")
             if trainer.logger is not None and ds.skipped:
                 trainer.logger.log_metrics({f"data/{split}_skipped_{k}": v for k, v in ds.skipped.items()},
                                            step=trainer.global_step)
 
 
 class CaptionPairs(Dataset):
-    """(pixels, caption) pairs of one image; the caption is one of the image's five, drawn from
-    (seed, epoch, index) so that every epoch sees a fresh but reproducible choice. With
-    ``hard_negatives`` the image's one-change variant (``dataset.variant(i)``) comes along, so the
-    two sit in the same batch as each other's hardest negative."""
+    """(pixels, caption) pairs of one image, keyed by ``(i, epoch, step)`` from ResumableBatchSampler; the
+    caption is one of the image's five, drawn from (seed, epoch, i): a fresh but reproducible choice each
+    epoch. With ``hard_negatives`` the image's one-change variant (``dataset.variant(i)``) comes along, so
+    the two sit in the same batch as each other's hardest negative."""
 
     def __init__(self, dataset, transform, seed: int, hard_negatives: bool = False):
         if hard_negatives and not hasattr(dataset, "variant"):
             raise ValueError(f"{type(dataset).__name__} cannot make hard-negative variants (only the synthetic "
                              "shapes world can); set data.hard_negatives: false")
-        self.dataset, self.transform, self.seed, self.epoch = dataset, transform, seed, 0
+        self.dataset, self.transform, self.seed = dataset, transform, seed
         self.hard_negatives = hard_negatives
 
     def __len__(self) -> int:
         return len(self.dataset)
 
-    def __getitem__(self, i: int) -> list[tuple[torch.Tensor, str]]:
-        rng = np.random.default_rng([self.seed, self.epoch, i])
+    def __getitem__(self, key: tuple[int, int, int]) -> dict:
+        i, epoch, step = key
+        rng = np.random.default_rng([self.seed, epoch, i])
         samples = [self.dataset[i]] + ([self.dataset.variant(i)] if self.hard_negatives else [])
-        return [(self.transform(image), captions[rng.integers(len(captions))]) for image, captions in samples]
+        pairs = [(self.transform(image), captions[rng.integers(len(captions))]) for image, captions in samples]
+        return {"pairs": pairs, "index": i, "epoch": epoch, "step": step}
 
 
 class Collate:
@@ -160,9 +174,108 @@ class Collate:
         self.tokenize = tokenize
 
     def __call__(self, batch):
-        pairs = [pair for item in batch for pair in item]
+        pairs = [pair for item in batch for pair in item["pairs"]]
         pixels = torch.stack([p for p, _ in pairs])  # (B, 3, H, W)
-        return {**self.tokenize([c for _, c in pairs]), "pixels": pixels}
+        steps = {(item["epoch"], item["step"]) for item in batch}
+        if len(steps) != 1:
+            raise RuntimeError(f"one batch mixes (epoch, step) {sorted(steps)}: the batch sampler is broken")
+        epoch, step = steps.pop()
+        return {**self.tokenize([c for _, c in pairs]), "pixels": pixels,
+                "index": torch.tensor([item["index"] for item in batch]),  # (B_items,) dataset indices
+                "epoch": torch.tensor(epoch), "step": torch.tensor(step)}
+
+
+class ResumableLoader(DataLoader):
+    """A DataLoader Lightning saves and restores with the checkpoint (its ``_Stateful`` protocol): the
+    state is the data position after ``progress()`` consumed global batches (the trainer's global step)."""
+
+    def __init__(self, *args, progress=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.progress = progress
+
+    def state_dict(self) -> dict:
+        return self.batch_sampler.state_dict(self.progress())
+
+    def load_state_dict(self, state: dict) -> None:
+        self.batch_sampler.load_state_dict(state)
+
+
+class AtomicCheckpointIO(L.pytorch.plugins.TorchCheckpointIO):
+    """Checkpoints written to a temp file, fsynced, then renamed: a kill mid-write leaves the previous
+    file intact, never a truncated one. Read back with ``weights_only=True`` (no code is unpickled)."""
+
+    def save_checkpoint(self, checkpoint, path, storage_options=None):
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp", delete=False) as f:
+            try:
+                torch.save(checkpoint, f)
+                f.flush()
+                os.fsync(f.fileno())
+            except BaseException:
+                os.unlink(f.name)
+                raise
+        os.replace(f.name, path)
+
+    def load_checkpoint(self, path, map_location=None, weights_only=None):
+        return torch.load(path, map_location=map_location or "cpu", weights_only=True)
+
+
+class RunCSVLogger(L.pytorch.loggers.CSVLogger):
+    """Lightning's CSVLogger, except that a resumed run keeps the rows logged before its checkpoint's step
+    (Lightning's writer deletes metrics.csv when it starts); rows of steps the crash threw away are dropped."""
+
+    def __init__(self, *args, resume_step: int | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.resume_step = resume_step
+
+    @property
+    def experiment(self):
+        if self._experiment is not None or self.resume_step is None:
+            return super().experiment
+        old = Path(self.log_dir) / "metrics.csv"
+        rows = []
+        if old.is_file():
+            import csv
+
+            with open(old, newline="") as f:
+                rows = [{k: v for k, v in r.items() if v != ""} for r in csv.DictReader(f)
+                        if r.get("step", "") != "" and int(float(r["step"])) < self.resume_step]
+        writer = super().experiment  # removes the old file
+        writer.metrics[:0] = rows
+        return writer
+
+
+def step_seed(seed: int, step: int, rank: int) -> int:
+    """The RNG seed of one (step, rank): dropout depends on nothing else, so a resumed run draws the same."""
+    return int(np.random.SeedSequence([seed, step, rank]).generate_state(1)[0])
+
+
+class NonFiniteTraining(RuntimeError):
+    """``trainer.max_nonfinite_steps`` non-finite steps in a row; the message names the likely cause."""
+
+
+class SampleLog:
+    """samples.tsv: one line per step, ``step<TAB>epoch<TAB>i,j,...`` (global batch, rank order), written by
+    rank 0 and flushed at once so that a killed run keeps every line. A resumed run appends: a step
+    redone after a crash appears twice, the later line is the one that counted."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def write(self, step: int, epoch: int, index: torch.Tensor) -> None:
+        if rank_and_world()[0] == 0:
+            with open(self.path, "a") as f:
+                f.write(f"{step}\t{epoch}\t{','.join(map(str, index.tolist()))}\n")
+
+
+def read_samples(path: str | os.PathLike) -> dict[int, tuple[int, list[int]]]:
+    """samples.tsv -> {step: (epoch, items)}, the last line of each step winning (see SampleLog)."""
+    out = {}
+    for line in Path(path).read_text().splitlines():
+        step, epoch, items = line.split("\t")
+        out[int(step)] = (int(epoch), [int(i) for i in items.split(",")])
+    return out
 
 
 class RetrievalModule(L.LightningModule):
@@ -178,6 +291,9 @@ class RetrievalModule(L.LightningModule):
             model_args["qk_init_gain"] = gain
         self.model = create_model(cfg.model, **{**model_args, "extra": {"dataset": cfg.data.name}})
         self.groups = self._param_groups()
+        self.nonfinite_streak, self.skipped_steps = 0, []  # non-finite steps skipped: in a row, all (global steps)
+        self._loss_nonfinite, self._batch = False, None
+        self.samples_log: SampleLog | None = None  # set by main() with trainer.log_samples
 
     def _param_groups(self) -> dict[str, list[torch.nn.Parameter]]:
         """Parameters by aid group: "qk" (Q/K maps), "value" (value projections), "rest"."""
@@ -192,25 +308,69 @@ class RetrievalModule(L.LightningModule):
         return step < int(self.cfg.aids.freeze_value_fraction * self.cfg.trainer.max_steps)
 
     def on_train_batch_start(self, batch, batch_idx):
-        if self.cfg.aids.freeze_value_fraction > 0:
-            frozen = self.value_frozen(self.global_step)
-            for p in self.groups["value"]:  # no grad -> AdamW skips them: no update, no decay, state untouched
-                p.requires_grad_(not frozen)
-                if frozen:
-                    p.grad = None
+        torch.manual_seed(step_seed(self.cfg.trainer.seed, self.global_step, self.global_rank))  # dropout
 
     def training_step(self, batch, batch_idx):
+        if int(batch["step"]) != self.global_step:
+            raise RuntimeError(f"data order out of step: batch of step {int(batch['step'])} at global step "
+                               f"{self.global_step}; a sample would be repeated or skipped")
+        self._batch = batch
         text, image = self.model(batch["input_ids"], batch["attention_mask"], batch["pixels"])
-        losses = retrieval_loss(self.model.logits(text, image), self.cfg.loss.global_weight)
+        losses = contrastive_loss(self.model, text, image, self.cfg.loss.global_weight, self.cfg.loss.local_loss)
         if self.cfg.aids.ortho_weight > 0 and self.model.geometric:
             losses["ortho"] = sum(orthogonality_penalty(w) for w in qk_weights(self.model).values())
             losses["loss"] = losses["loss"] + self.cfg.aids.ortho_weight * losses["ortho"]
-        self.log_dict({f"train/{k}": v for k, v in losses.items()}, prog_bar=True, batch_size=len(batch["pixels"]))
+        self._loss_nonfinite = all_reduce_any(not bool(torch.isfinite(losses["loss"])), self.device)
+        n, distributed = len(batch["pixels"]), rank_and_world()[1] > 1
+        self.log_dict({f"train/{k}": v for k, v in losses.items()}, prog_bar=True, batch_size=n, sync_dist=distributed)
         scales = {"train/temp_global": 1 / self.model.logit_scale_global.exp()}
         if self.model.geometric:
             scales["train/temp_geo"] = 1 / self.model.logit_scale_geo.exp()
-        self.log_dict(scales, batch_size=len(batch["pixels"]))
+        self.log_dict(scales, batch_size=n)
+        if self.samples_log is not None:
+            self.samples_log.write(self.global_step, int(batch["epoch"]),
+                                   all_gather_no_grad(batch["index"]) if distributed else batch["index"])
         return losses["loss"]
+
+    def on_before_optimizer_step(self, optimizer):
+        """Before clipping and the update: the warm-up freeze, and skipping a non-finite step.
+
+        Frozen value projections and every parameter of a non-finite step lose their gradient (None):
+        AdamW then leaves them untouched (no update, no decay, state kept). The decision is the same on
+        every rank (gradients are synchronised, the loss flag is all-reduced), so no rank hangs.
+        """
+        if self.cfg.aids.freeze_value_fraction > 0 and self.value_frozen(self.global_step):
+            for p in self.groups["value"]:
+                p.grad = None
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        bad_grad = bool(grads) and not bool(torch.stack([torch.isfinite(g).all() for g in grads]).all())
+        bad = all_reduce_any(self._loss_nonfinite or bad_grad, self.device)
+        if bad:
+            for p in self.model.parameters():
+                p.grad = None
+            self.skipped_steps.append(self.global_step)
+        self.nonfinite_streak = self.nonfinite_streak + 1 if bad else 0
+        self.log("train/skipped_nonfinite", float(len(self.skipped_steps)), batch_size=1)  # running total
+        if not bad:
+            return
+        what = "loss" if self._loss_nonfinite else "gradient"
+        if self.global_rank == 0:
+            print(f"\nstep {self.global_step}: non-finite {what} — step skipped (no update); "
+                  f"{self.nonfinite_streak} in a row, {len(self.skipped_steps)} in total", file=sys.stderr)
+        limit = self.cfg.trainer.max_nonfinite_steps
+        if limit and self.nonfinite_streak >= limit:
+            raise NonFiniteTraining(self._stop_message(what, limit))
+
+    def _stop_message(self, what: str, limit: int) -> str:
+        b = self._batch
+        cause = nonfinite_cause(self.model, b["input_ids"], b["attention_mask"], b["pixels"])
+        causes = [cause]
+        if rank_and_world()[1] > 1:  # each rank looked at its own slice: report the most specific finding
+            causes = [None] * rank_and_world()[1]
+            torch.distributed.all_gather_object(causes, cause)
+        specific = [c for c in causes if not c.startswith("inputs, weights")] or causes
+        return (f"training stopped at step {self.global_step}: non-finite {what} {limit} steps in a row "
+                f"(steps {self.skipped_steps[-limit:]}). Likely cause: {specific[0]}")
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
         """Layered clipping (DESIGN §8): Q/K maps, value projections and the rest each to their own max norm."""
@@ -238,9 +398,6 @@ class RetrievalModule(L.LightningModule):
 
         sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
-
-    def on_train_epoch_start(self):
-        self.trainer.train_dataloader.dataset.epoch = self.current_epoch
 
     def on_save_checkpoint(self, checkpoint):
         checkpoint["mmgeo"] = model_record(self.model)
@@ -301,7 +458,9 @@ class ValidationRecall(L.Callback):
             trainer.logger.log_metrics(metrics, step=trainer.global_step)
             trainer.logger.save()
         key = f"val/{model.default_mode}/text_to_image_R@1"
-        print(f"\nstep {trainer.global_step}: val {key.split('/', 2)[2]} ({model.default_mode}) = {metrics[key]:.3f}")
+        if trainer.is_global_zero:
+            print(f"\nstep {trainer.global_step}: val {key.split('/', 2)[2]} ({model.default_mode}) = "
+                  f"{metrics[key]:.3f}")
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         step = trainer.global_step
@@ -312,49 +471,87 @@ class ValidationRecall(L.Callback):
         self._run(trainer, module)
 
 
-def main(argv: list[str] | None = None) -> Path:
+def latest_checkpoint(run_dir: Path) -> Path:
+    """The newest complete step checkpoint of a run (temp files of an interrupted write are ignored)."""
+    found = sorted((run_dir / "checkpoints").glob("step=*.ckpt"), key=lambda p: int(p.stem.split("=")[1]))
+    if not found:
+        raise SystemExit(f"--resume: no step checkpoint in {run_dir / 'checkpoints'}; train with "
+                         "trainer.checkpoint_every_n_steps > 0 first, or pass --resume PATH")
+    return found[-1]
+
+
+def build_loader(cfg: TrainConfig, module: RetrievalModule, train) -> ResumableLoader:
+    """The training loader: ResumableBatchSampler (same order on any number of ranks, resumable)."""
+    t, per_item = cfg.trainer, 2 if cfg.data.hard_negatives else 1
+    world = t.devices * t.num_nodes
+    if t.batch_size % (per_item * world):
+        raise SystemExit(f"trainer.batch_size={t.batch_size} must split into {world} device(s) × "
+                         f"{per_item} pair(s) per image{' (data.hard_negatives)' if per_item == 2 else ''}")
+    pairs = CaptionPairs(train, module.model.preprocess, t.seed, cfg.data.hard_negatives)
+    sampler = ResumableBatchSampler(len(pairs), t.batch_size // per_item, seed=t.seed)
+    return ResumableLoader(pairs, batch_sampler=sampler, num_workers=cfg.data.num_workers,
+                           collate_fn=Collate(module.model.tokenize))
+
+
+def main(argv: list[str] | None = None, callbacks: list | None = None) -> Path:
+    """Train as the command line says; ``callbacks``: extra Lightning callbacks (e.g. to observe steps)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True, help="YAML file (see configs/)")
+    parser.add_argument("--resume", nargs="?", const="last", default=None, metavar="CKPT",
+                        help="continue from a step checkpoint (default: the run's newest) — same config")
     args, overrides = parser.parse_known_args(argv)
     cfg = load_config(TrainConfig, args.config, overrides)
-    if cfg.trainer.threads:
-        torch.set_num_threads(cfg.trainer.threads)
-    L.seed_everything(cfg.trainer.seed, workers=True, verbose=False)
+    t, d = cfg.trainer, cfg.data
+    if t.threads:
+        torch.set_num_threads(t.threads)
+    L.seed_everything(t.seed, workers=True, verbose=False)
     run_dir = Path(cfg.out_dir) / cfg.name
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(f"# python train.py --config {run_dir / 'config.yaml'}\n"
-                                         + yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    ckpt = None if args.resume is None else latest_checkpoint(run_dir) if args.resume == "last" else Path(args.resume)
+    if ckpt is not None and not ckpt.is_file():
+        raise SystemExit(f"--resume: checkpoint {ckpt} does not exist")
+    resume_step = None if ckpt is None else torch.load(ckpt, "cpu", weights_only=True, mmap=True)["global_step"]
 
     module = RetrievalModule(cfg)
-    d = cfg.data
     train = open_split(d, "train", d.train_size)
-    pairs = CaptionPairs(train, module.model.preprocess, cfg.trainer.seed, d.hard_negatives)
-    per_item = 2 if d.hard_negatives else 1
-    if cfg.trainer.batch_size % per_item:
-        raise SystemExit(f"trainer.batch_size={cfg.trainer.batch_size} must be even with data.hard_negatives")
-    loader = DataLoader(pairs, batch_size=cfg.trainer.batch_size // per_item, shuffle=True, drop_last=True,
-                        num_workers=d.num_workers, collate_fn=Collate(module.model.tokenize))
-    callbacks = [L.pytorch.callbacks.ModelCheckpoint(dirpath=run_dir / "checkpoints", save_last=True,
-                                                     every_n_train_steps=cfg.trainer.checkpoint_every_n_steps),
-                 L.pytorch.callbacks.LearningRateMonitor("step")]
+    loader = build_loader(cfg, module, train)
+    callbacks = [L.pytorch.callbacks.LearningRateMonitor("step"), *(callbacks or [])]
+    if t.checkpoint_every_n_steps:
+        callbacks.append(L.pytorch.callbacks.ModelCheckpoint(
+            dirpath=run_dir / "checkpoints", filename="step={step:06d}", auto_insert_metric_name=False,
+            every_n_train_steps=t.checkpoint_every_n_steps, save_top_k=2, monitor="step", mode="max"))
     splits = {"train": train}
     if d.val_size:
         val = splits["val"] = open_split(d, "val", d.val_size)
-        callbacks.append(ValidationRecall(val, cfg.trainer.val_every_n_steps))
+        callbacks.append(ValidationRecall(val, t.val_every_n_steps))
     callbacks.append(SkippedReport(splits))
     if cfg.aids.diagnostics_every_n_steps and module.model.geometric:
         diag_set = open_split(d, "val", cfg.aids.diagnostics_images)
         callbacks.append(AttentionDiagnostics(diag_set, cfg.aids.diagnostics_every_n_steps,
-                                              grace_steps=cfg.trainer.max_steps // 10))  # warn past 10%
-    t = cfg.trainer
-    trainer = L.Trainer(max_steps=t.max_steps, accelerator=t.accelerator, devices=t.devices, precision=t.precision,
-                        logger=L.pytorch.loggers.CSVLogger(cfg.out_dir, name=cfg.name, version=""),
+                                              grace_steps=t.max_steps // 10))  # warn past 10%
+    trainer = L.Trainer(max_steps=t.max_steps, accelerator=t.accelerator, devices=t.devices, num_nodes=t.num_nodes,
+                        strategy=t.strategy, precision=t.precision, use_distributed_sampler=False,
+                        plugins=[AtomicCheckpointIO()], enable_checkpointing=bool(t.checkpoint_every_n_steps),
+                        logger=RunCSVLogger(cfg.out_dir, name=cfg.name, version="", resume_step=resume_step),
                         callbacks=callbacks, log_every_n_steps=t.log_every_n_steps, enable_model_summary=False,
                         limit_val_batches=0, num_sanity_val_steps=0)
+    loader.progress = lambda: trainer.global_step
+    if trainer.is_global_zero:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(f"# python train.py --config {run_dir / 'config.yaml'}\n"
+                                             + yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    if t.log_samples:
+        module.samples_log = SampleLog(run_dir / "samples.tsv")
     start = time.time()
-    trainer.fit(module, loader)
-    out = save_model(module.model, run_dir / "model.pt")
-    print(f"trained {t.max_steps} steps in {time.time() - start:.0f} s; model written to {out}")
+    try:
+        trainer.fit(module, loader, ckpt_path=ckpt)
+    except NonFiniteTraining as err:
+        raise SystemExit(str(err)) from err
+    out = run_dir / "model.pt"
+    state = trainer.strategy.lightning_module_state_dict()  # every rank takes part (FSDP gathers its shards)
+    if trainer.is_global_zero:
+        save_model(module.model, out, {k[len("model."):]: v for k, v in state.items() if k.startswith("model.")})
+        print(f"trained {t.max_steps} steps in {time.time() - start:.0f} s"
+              f"{f' (resumed from {ckpt.name})' if ckpt else ''}; model written to {out}")
     return out
 
 

@@ -1,13 +1,22 @@
 """Saving and loading models: one self-describing file (config + weights), loaded without unpickling code.
 
-Format: ``{"format": "mmgeo", "version": 1, "config": dict, "state_dict": {...}}`` via ``torch.save``;
-read back with ``torch.load(weights_only=True)``. Lightning checkpoints written by ``train.py`` carry
-the same ``"mmgeo"`` entry and the model's weights under ``model.``; both load here.
+Two formats, told apart by the file's content (not its name):
+
+- ``*.safetensors`` (``save_model(model, "model.safetensors")``): the weights as safetensors tensors; the
+  model record ``{"format": "mmgeo", "version": 1, "config": dict}`` as JSON under the metadata key
+  ``"mmgeo"``. Nothing in the file is executable; the format to share models in.
+- anything else: ``{**record, "state_dict": {...}}`` via ``torch.save``, read back only with
+  ``torch.load(weights_only=True)``. Lightning checkpoints written by ``train.py`` carry the record under
+  ``"mmgeo"`` and the weights under ``model.``; both load here.
+
+A pickle that ``weights_only`` refuses (it names code to run) is never retried unsafely: ``load_model``
+raises a ValueError saying how to convert the file.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -15,8 +24,13 @@ from pathlib import Path
 import torch
 
 from mmgeo.models import GeoRetriever, ModelConfig
+from mmgeo.models.towers import refused_pickle
 
 FORMAT, VERSION = "mmgeo", 1
+META_KEY = "mmgeo"  # safetensors metadata: the model record as JSON
+ALIAS_KEY = "mmgeo_aliases"  # safetensors metadata: JSON {dropped name: kept name} of tied weights
+CONVERT = ("if you trust its source, load it in an isolated, trusted environment and re-save it with "
+           "mmgeo.save_model(model, 'model.safetensors')")
 
 
 def model_record(model: GeoRetriever) -> dict:
@@ -24,47 +38,139 @@ def model_record(model: GeoRetriever) -> dict:
     return {"format": FORMAT, "version": VERSION, "config": dataclasses.asdict(model.cfg)}
 
 
-def save_model(model: GeoRetriever, path: str | os.PathLike) -> Path:
-    """Write config + weights atomically (temp file, then rename)."""
+def save_model(model: GeoRetriever, path: str | os.PathLike, state_dict: dict | None = None) -> Path:
+    """Write config + weights atomically (temp file, then rename): safetensors when ``path`` ends with
+    ``.safetensors``, else torch's format (read back with ``weights_only=True``). ``state_dict``: the
+    weights to write instead of ``model.state_dict()`` (e.g. gathered from FSDP shards)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
-    with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".tmp", delete=False) as f:
-        torch.save({**model_record(model), "state_dict": state}, f)
-    os.replace(f.name, path)
+    state = {k: v.detach().cpu() for k, v in (model.state_dict() if state_dict is None else state_dict).items()}
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    os.close(fd)
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import save_file
+
+            tensors, aliases = _unshare(state)
+            save_file(tensors, tmp, metadata={META_KEY: json.dumps(model_record(model)),
+                                              ALIAS_KEY: json.dumps(aliases)})
+        else:
+            torch.save({**model_record(model), "state_dict": state}, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
     return path
 
 
-def _config_from(record: dict) -> ModelConfig:
-    if record.get("format") != FORMAT or record.get("version") != VERSION:
-        raise ValueError(f"not an mmgeo v{VERSION} checkpoint (format={record.get('format')!r}, "
-                         f"version={record.get('version')!r})")
+def _unshare(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """safetensors refuses tensors that share memory: tied weights (same view) are written once and the
+    other names become aliases; partial overlaps are copied apart. -> (tensors, {dropped name: kept name})."""
+    groups: dict[int, list[str]] = {}
+    for name, t in state.items():
+        groups.setdefault(t.untyped_storage().data_ptr(), []).append(name)
+    tensors, aliases = {}, {}
+    for names in groups.values():
+        first = state[names[0]]
+        view = (first.data_ptr(), first.shape, first.stride(), first.dtype)
+        if all((state[n].data_ptr(), state[n].shape, state[n].stride(), state[n].dtype) == view for n in names):
+            tensors[names[0]] = first.contiguous()
+            aliases.update({n: names[0] for n in names[1:]})
+        else:
+            tensors.update({n: state[n].clone(memory_format=torch.contiguous_format) for n in names})
+    return tensors, aliases
+
+
+def _config_from(record: dict, path: Path) -> ModelConfig:
+    if not isinstance(record, dict) or (record.get("format"), record.get("version")) != (FORMAT, VERSION) \
+            or not isinstance(record.get("config"), dict):
+        got = (record.get("format"), record.get("version")) if isinstance(record, dict) else type(record).__name__
+        raise ValueError(f"{path} is not an mmgeo v{VERSION} checkpoint (format, version = {got!r}); "
+                         "save it with mmgeo.save_model, or upgrade mmgeo if it was written by a newer one")
     known = {f.name for f in dataclasses.fields(ModelConfig)}
     cfg = {k: v for k, v in record["config"].items() if k in known}
     unknown = sorted(set(record["config"]) - known)
     if unknown:
-        raise ValueError(f"checkpoint config has fields this mmgeo does not know: {unknown}; upgrade mmgeo")
+        raise ValueError(f"{path}: checkpoint config has fields this mmgeo does not know: {unknown}; upgrade mmgeo")
     # the weights come from the checkpoint: never fetch pretrained backbones again
     return ModelConfig(**{**cfg, "image_pretrained": False})
 
 
+def _sniff(path: Path) -> str:
+    """The file's format by content: "safetensors" (8-byte little-endian header length, then a JSON header
+    that fits in the file), "torch" (torch.save's zip archive, or its legacy pickle) or "unknown"."""
+    with open(path, "rb") as f:
+        head = f.read(9)
+    if len(head) == 9 and head[8:9] == b"{" and 8 + int.from_bytes(head[:8], "little") <= path.stat().st_size:
+        return "safetensors"
+    if head[:4] == b"PK\x03\x04" or head[:1] == b"\x80":
+        return "torch"
+    return "unknown"
+
+
+def _read_safetensors(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:
+    """-> (model record, state dict with tied names restored)."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(path, framework="pt", device="cpu") as f:
+            meta = f.metadata() or {}
+            state = {k: f.get_tensor(k) for k in f.keys()}
+    except Exception as err:  # noqa: BLE001 - safetensors' errors for a damaged header or body
+        raise ValueError(f"{path} is a damaged safetensors file ({err}); re-save it with mmgeo.save_model") from err
+    if META_KEY not in meta:
+        raise ValueError(f"{path} is a safetensors file without mmgeo's model record (metadata key {META_KEY!r}): "
+                         "bare weights, not an mmgeo model; save models with mmgeo.save_model(model, "
+                         "'model.safetensors')")
+    try:
+        record = json.loads(meta[META_KEY])
+        aliases = json.loads(meta.get(ALIAS_KEY, "{}"))
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: the model record in its safetensors metadata is not valid JSON ({err}); "
+                         "re-save it with mmgeo.save_model") from err
+    for dropped, kept in aliases.items():
+        if kept not in state:
+            raise ValueError(f"{path}: tied weight {dropped!r} points at {kept!r}, which the file lacks; "
+                             "re-save it with mmgeo.save_model")
+        state[dropped] = state[kept]
+    return record, state
+
+
+def _read_torch(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:
+    """-> (model record, state dict) through torch.load(weights_only=True) only."""
+    try:
+        with open(path, "rb") as f:  # a file object: torch.load would hand a "*.safetensors" path to safetensors
+            ckpt = torch.load(f, map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001 - a refused pickle, a damaged archive, a truncated file
+        reason = refused_pickle(err)
+        if reason:
+            raise ValueError(f"{path} was refused: it is a pickle that needs code to load ({reason}), and mmgeo "
+                             f"reads torch checkpoints only with torch.load(weights_only=True); {CONVERT}") from err
+        raise ValueError(f"{path} is a damaged torch checkpoint (weights_only load failed: {err}); "
+                         "re-save it with mmgeo.save_model") from err
+    if not isinstance(ckpt, dict):
+        raise ValueError(f"{path} holds a {type(ckpt).__name__}, not an mmgeo model; save models with "
+                         "mmgeo.save_model")
+    if "mmgeo" in ckpt:  # Lightning checkpoint from train.py
+        return ckpt["mmgeo"], {k[len("model."):]: v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
+    if "config" in ckpt:
+        return ckpt, ckpt["state_dict"]
+    raise ValueError(f"{path} holds no mmgeo model (no 'config' or 'mmgeo' entry); save models with "
+                     "mmgeo.save_model")
+
+
 def load_model(path: str | os.PathLike, device: str | torch.device = "cpu") -> GeoRetriever:
-    """Rebuild a model from an mmgeo checkpoint or a train.py Lightning checkpoint; eval mode."""
+    """Rebuild a model from an mmgeo checkpoint (safetensors or torch) or a train.py Lightning checkpoint;
+    eval mode. Never unpickles code: torch files go through ``torch.load(weights_only=True)``."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist; train one with "
                                 "`python train.py --config configs/synthetic.yaml`")
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # noqa: BLE001 - report any unpickling refusal the same way
-        raise ValueError(f"{path} is not a checkpoint mmgeo can read safely (weights_only load failed: {err})") from err
-    if "mmgeo" in ckpt:  # Lightning checkpoint from train.py
-        record = ckpt["mmgeo"]
-        state = {k[len("model."):]: v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
-    elif "config" in ckpt:
-        record, state = ckpt, ckpt["state_dict"]
-    else:
-        raise ValueError(f"{path} holds no mmgeo model (no 'config' or 'mmgeo' entry)")
-    model = GeoRetriever(_config_from(record))
+    kind = _sniff(path)
+    if kind == "unknown":
+        raise ValueError(f"{path} is neither a safetensors file nor a torch checkpoint (by its first bytes); "
+                         "pass the model.pt or model.safetensors that train.py or mmgeo.save_model wrote")
+    record, state = _read_safetensors(path) if kind == "safetensors" else _read_torch(path)
+    model = GeoRetriever(_config_from(record, path))
     model.load_state_dict(state)
     return model.to(device).eval()

@@ -157,3 +157,45 @@ def scalars(report: dict, prefix: str = "diag/") -> dict[str, float]:
         out[f"{prefix}erank_{name}"] = s["effective_rank"]
         out[f"{prefix}top_sv_share_{name}"] = s["top_share"]
     return out
+
+
+@torch.no_grad()
+def nonfinite_cause(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, pixels: torch.Tensor) -> str:
+    """The likely cause of a non-finite loss on this batch, from the troubleshooting table (DESIGN §8).
+
+    Checked in order: the inputs, the weights, the towers' features, the attention logit range (the
+    paper's NaN precursor), the temperatures; the first finding is returned as "cause; fix".
+    """
+    if not torch.isfinite(pixels).all():
+        bad = int((~torch.isfinite(pixels)).flatten(1).any(1).sum())
+        return (f"the batch itself holds non-finite pixel values ({bad} of {len(pixels)} images): corrupt data or a "
+                "broken transform; fix: check the dataset / preprocessing")
+    bad = [n for n, p in model.named_parameters() if not torch.isfinite(p).all()]
+    if bad:
+        return (f"weights are non-finite ({', '.join(bad[:4])}{' …' if len(bad) > 4 else ''}): an update diverged; "
+                "fix: resume from an earlier checkpoint with a lower optim.lr or layered clipping (aids.clip_qk)")
+    was_training = model.training
+    model.eval()
+    text, image = model(input_ids, attention_mask, pixels)
+    model.train(was_training)
+    feats = {"text": text, "image": image}
+    for side, e in feats.items():
+        if any(x is not None and x.is_floating_point() and not torch.isfinite(x).all()
+               for x in (e.pooled, e.attn, e.value)):
+            return (f"the {side} tower outputs non-finite features: activations overflow; fix: trainer.precision "
+                    "32-true (or bf16-mixed instead of 16-mixed), a lower optim.lr")
+    if model.geometric:
+        n = min(len(text), len(image))
+        r = diagnose_tensors(text.attn[:n], text.mask[:n], image.attn[:n], image.mask[:n], warn=False)
+        lo, hi = r["logits"]["min"], r["logits"]["max"]
+        if not (math.isfinite(lo) and math.isfinite(hi)) or max(abs(lo), abs(hi)) > LOGIT_LIMIT:
+            return (f"attention logits explode (range [{lo:.3g}, {hi:.3g}], beyond ±{LOGIT_LIMIT:g}; q std "
+                    f"{r['logits']['q_std']:.3g}, k std {r['logits']['k_std']:.3g}): Q/K init → logit explosion; "
+                    "fix: orthogonal Q/K init gain 0.05–0.1 (aids.qk_init_gain), LayerNorm after the Q/K maps, "
+                    "lower optim.lr")
+    scales = {n: float(p.exp()) for n, p in model.named_parameters() if n.startswith("logit_scale")}
+    if any(s >= 100.0 for s in scales.values()):
+        return (f"a temperature sits at its clamp ({scales}): the logits are as sharp as allowed and the loss "
+                "saturates; fix: lower optim.lr or a higher init temperature")
+    return ("inputs, weights, features and attention logits are finite and in range: the loss or its gradient "
+            "overflowed in reduced precision; fix: trainer.precision 32-true, a lower optim.lr")

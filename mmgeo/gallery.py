@@ -1,9 +1,10 @@
 """An on-disk image gallery for search: FAISS over global vectors + memory-mapped keys/values (DESIGN §2).
 
-Layout of an index directory (format ``mmgeo-gallery`` v1)::
+Layout of an index directory (format ``mmgeo-gallery`` v1, or v2 when sharded)::
 
-    manifest.json   format, version, model (path, sha256, dims), count, skipped, index_type
-    global.faiss    FAISS index over the (N, d_global) pooled image vectors (inner product = cosine)
+    manifest.json   format, version, model (path, sha256, dims), count, skipped, index_type, shards (v2)
+    global.faiss    FAISS index over the (N, d_global) pooled image vectors (inner product = cosine), or
+    global.shards/  the same cut into shards of ``shard_size`` (``mmgeo.shards``) when N > shard_size (v2)
     keys.npy        (N, H, L, d_a) fp16  image keys k, memory-mapped on load
     values.npy      (N, H, L, d_e) fp16  image values v̂, memory-mapped on load
     mask.npy        (N, L) bool          real patches
@@ -29,8 +30,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-FORMAT, VERSION = "mmgeo-gallery", 1
-FILES = ("manifest.json", "global.faiss", "keys.npy", "values.npy", "mask.npy", "meta.json")
+from mmgeo.shards import ShardedIndex, ShardsError, write_sharded
+
+FORMAT = "mmgeo-gallery"
+VERSIONS = (1, 2)  # v2 = v1 + a sharded global index; unsharded indexes are still written as v1 (older mmgeo reads)
+FILES = ("manifest.json", "keys.npy", "values.npy", "mask.npy", "meta.json")  # + global.faiss or global.shards/
+SHARDS_DIR = "global.shards"
 INDEX_TYPES = ("auto", "flat", "hnsw", "ivfpq")
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
 FLAT_MAX, HNSW_MAX = 10_000, 1_000_000  # auto: exact below 10k images, HNSW below 1M, IVF-PQ above
@@ -150,17 +155,29 @@ def _model_record(model, ckpt: str | os.PathLike | None) -> dict:
             "num_patches": grid * grid, "image_size": cfg.image_size}
 
 
-def _write(staging: _Staging, model_rec: dict, pooled: np.ndarray, meta: list[dict], index_type: str,
-           skipped: list[dict]) -> dict:
-    """Write the non-array files into the staging dir (arrays are already there) and commit."""
+def _write_global(tmp: Path, pooled: np.ndarray, index_type: str, shard_size: int | None) -> tuple[str, dict | None]:
+    """FAISS index over (N, d_g) ``pooled`` (an array or memmap): ``global.faiss``, or ``global.shards/`` when N is
+    over ``shard_size`` (read one shard at a time). -> (index type, shards record for the manifest or None)."""
     import faiss
 
-    kind = choose_index_type(len(meta), index_type)
-    faiss.write_index(build_faiss(pooled, kind), str(staging.tmp / "global.faiss"))
+    if shard_size is not None and len(pooled) > shard_size:
+        rec = write_sharded(pooled, tmp / SHARDS_DIR, shard_size, index_type)
+        kinds = dict.fromkeys(s["index_type"] for s in rec["shards"])  # distinct, in shard order
+        return "+".join(kinds), {"dir": SHARDS_DIR, "count": len(rec["shards"]), "shard_size": shard_size}
+    kind = choose_index_type(len(pooled), index_type)
+    faiss.write_index(build_faiss(pooled, kind), str(tmp / "global.faiss"))
+    return kind, None
+
+
+def _write(staging: _Staging, model_rec: dict, meta: list[dict], kind: str, shards: dict | None,
+           skipped: list[dict]) -> dict:
+    """Write meta and manifest into the staging dir (arrays and FAISS index are already there) and commit."""
     (staging.tmp / "meta.json").write_text(json.dumps(meta))
-    manifest = {"format": FORMAT, "version": VERSION, "model": model_rec, "count": len(meta),
+    manifest = {"format": FORMAT, "version": 2 if shards else 1, "model": model_rec, "count": len(meta),
                 "index_type": kind, "skipped": {"count": len(skipped), "files": skipped[:1000]},
                 "dtype": "float16"}
+    if shards:
+        manifest["shards"] = shards
     (staging.tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))  # written last
     staging.commit()
     return manifest
@@ -168,12 +185,13 @@ def _write(staging: _Staging, model_rec: dict, pooled: np.ndarray, meta: list[di
 
 def build_gallery(model, items: Iterable[tuple[str, object]], total: int, out: str | os.PathLike,
                   ckpt: str | os.PathLike | None = None, index_type: str = "auto", batch_size: int = 64,
-                  progress: bool = True, fail_after_encode: bool = False) -> dict:
+                  progress: bool = True, fail_after_encode: bool = False, shard_size: int | None = 100_000) -> dict:
     """Encode images into an index directory at ``out``; -> the manifest.
 
     ``items`` yields ``(path, image_or_loader)`` where the second is a PIL image or a zero-argument
     callable returning one (it may raise: the file is skipped and counted). ``path=None`` (generated
-    images) saves the image as ``images/<id>.png`` inside the index. ``total`` bounds the count.
+    images) saves the image as ``images/<id>.png`` inside the index. ``total`` bounds the count. Over
+    ``shard_size`` images the global index is sharded (``None``: never).
     ``fail_after_encode`` raises after encoding, before the commit (for tests of interrupted builds).
     """
     from tqdm.auto import tqdm
@@ -231,13 +249,13 @@ def build_gallery(model, items: Iterable[tuple[str, object]], total: int, out: s
         n = len(meta)
         for name in ("keys", "values", "mask"):
             _finish_array(arr[name], n, staging.tmp / f"{name}.npy")
-        pooled = np.array(arr["pooled"][:n])
+        kind, shards = _write_global(staging.tmp, arr["pooled"][:n], index_type, shard_size)
         arr.clear()  # close the memmaps before removing their files
         for p in staging.tmp.glob("*.partial"):
             p.unlink()
         if fail_after_encode:
             raise RuntimeError("injected failure after encoding (test hook)")
-        return _write(staging, rec, pooled, meta, index_type, skipped)
+        return _write(staging, rec, meta, kind, shards, skipped)
     except BaseException:
         staging.discard()
         raise
@@ -268,7 +286,8 @@ def folder_items(folder: str | os.PathLike) -> tuple[list, int]:
 
 def build_random_gallery(out: str | os.PathLike, count: int, num_heads: int, num_patches: int, d_a: int, d_e: int,
                          d_global: int, index_type: str = "auto", seed: int = 0, chunk: int = 10_000,
-                         model_path: str | None = None, model_sha256: str | None = None) -> dict:
+                         model_path: str | None = None, model_sha256: str | None = None,
+                         shard_size: int | None = 100_000) -> dict:
     """A gallery of random unit vectors (no images, no encoding) — for load tests of large indexes."""
     rng = np.random.default_rng(seed)
     staging = _Staging.next_to(Path(out))
@@ -289,14 +308,15 @@ def build_random_gallery(out: str | os.PathLike, count: int, num_heads: int, num
         meta = [{"id": i, "path": f"random/{i}.png", "width": 0, "height": 0} for i in range(count)]
         rec = {"path": model_path, "sha256": model_sha256, "num_heads": num_heads, "d_a": d_a, "d_e": d_e,
                "d_global": d_global, "num_patches": num_patches, "image_size": None}
-        return _write(staging, rec, pooled, meta, index_type, [])
+        kind, shards = _write_global(staging.tmp, pooled, index_type, shard_size)
+        return _write(staging, rec, meta, kind, shards, [])
     except BaseException:
         staging.discard()
         raise
 
 
 class Gallery:
-    """A loaded index directory: FAISS index, memory-mapped keys/values/mask, metadata."""
+    """A loaded index directory: FAISS index (or ``ShardedIndex``), memory-mapped keys/values/mask, metadata."""
 
     def __init__(self, root: str | os.PathLike):
         import faiss
@@ -311,10 +331,15 @@ class Gallery:
         except json.JSONDecodeError as err:
             raise GalleryError(f"{mpath} is not valid JSON ({err}); rebuild the index") from err
         fmt, ver = self.manifest.get("format"), self.manifest.get("version")
-        if fmt != FORMAT or ver != VERSION:
+        if fmt != FORMAT or ver not in VERSIONS:
             raise GalleryError(f"{self.root} holds index format {fmt!r} v{ver}; this mmgeo reads {FORMAT!r} "
-                               f"v{VERSION} — rebuild the index with `python -m serve build`")
+                               f"v{', v'.join(map(str, VERSIONS))} — rebuild the index with `python -m serve build`")
+        shards = self.manifest.get("shards")
+        if shards and ver < 2:
+            raise GalleryError(f"{mpath} is v{ver} but lists shards (a v2 feature); rebuild the index")
         missing = [f for f in FILES if not (self.root / f).is_file()]
+        if not shards and not (self.root / "global.faiss").is_file():
+            missing.append("global.faiss")
         if missing:
             raise GalleryError(f"index {self.root} is missing {missing}; rebuild it with `python -m serve build`")
         self.model_record = self.manifest["model"]
@@ -323,7 +348,13 @@ class Gallery:
         self.values = np.load(self.root / "values.npy", mmap_mode="r")  # (N, H, L, d_e) fp16
         self.mask = np.load(self.root / "mask.npy", mmap_mode="r")  # (N, L) bool
         self.meta = json.loads((self.root / "meta.json").read_text())
-        self.index = faiss.read_index(str(self.root / "global.faiss"))
+        if shards:  # memory-mapped shards, searched and merged by ShardedIndex (same search() as a FAISS index)
+            try:
+                self.index = ShardedIndex.load(self.root / SHARDS_DIR)
+            except ShardsError as err:
+                raise GalleryError(f"index {self.root}: {err}") from err
+        else:
+            self.index = faiss.read_index(str(self.root / "global.faiss"))
         r = self.model_record
         expect = {"keys": (self.count, r["num_heads"], r["num_patches"], r["d_a"]),
                   "values": (self.count, r["num_heads"], r["num_patches"], r["d_e"]),

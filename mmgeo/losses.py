@@ -1,4 +1,4 @@
-"""Contrastive losses: symmetric InfoNCE (CLIP; van den Oord et al. 2018) on each score."""
+"""Contrastive losses: symmetric InfoNCE (CLIP; van den Oord et al. 2018) on each score, on one or many ranks."""
 
 from __future__ import annotations
 
@@ -6,15 +6,31 @@ import torch
 import torch.nn.functional as F
 
 
-def symmetric_infonce(logits: torch.Tensor) -> torch.Tensor:
-    """Mean of text->image and image->text cross-entropy; pair i of the batch is (text i, image i).
+def infonce(text_logits: torch.Tensor, image_logits: torch.Tensor, offset: int = 0) -> torch.Tensor:
+    """Mean of text->image and image->text cross-entropy over B local pairs.
 
-    logits: (B, B) temperature-scaled scores, rows = texts, columns = images.
+    text_logits (B, N): the B captions against N images; image_logits (B, N): the B images against N
+    captions; the positive of pair i sits in column ``offset + i`` of both.
     """
+    target = torch.arange(text_logits.shape[0], device=text_logits.device) + offset
+    return 0.5 * (F.cross_entropy(text_logits, target) + F.cross_entropy(image_logits, target))
+
+
+def symmetric_infonce(logits: torch.Tensor) -> torch.Tensor:
+    """Symmetric InfoNCE of a square (B, B) matrix, rows = texts, columns = images, pair i = (text i, image i)."""
     if logits.dim() != 2 or logits.shape[0] != logits.shape[1]:
         raise ValueError(f"symmetric InfoNCE needs a square (B, B) logit matrix, got {tuple(logits.shape)}")
-    target = torch.arange(logits.shape[0], device=logits.device)
-    return 0.5 * (F.cross_entropy(logits, target) + F.cross_entropy(logits.T, target))
+    return infonce(logits, logits.T)
+
+
+def _combine(terms: dict[str, torch.Tensor], global_weight: float) -> dict[str, torch.Tensor]:
+    out = {"loss_global": terms["global"]}
+    if "geometric" in terms:
+        out["loss_geometric"] = terms["geometric"]
+        out["loss"] = terms["geometric"] + global_weight * terms["global"]
+    else:
+        out["loss"] = terms["global"]
+    return out
 
 
 def retrieval_loss(logits: dict[str, torch.Tensor], global_weight: float = 1.0) -> dict[str, torch.Tensor]:
@@ -23,10 +39,35 @@ def retrieval_loss(logits: dict[str, torch.Tensor], global_weight: float = 1.0) 
     ``logits`` from ``GeoRetriever.logits``; returns {"loss", "loss_geometric"?, "loss_global"}.
     A global-only model (CLIP baseline) trains on the global term alone, at weight 1.
     """
-    out = {"loss_global": symmetric_infonce(logits["global"])}
-    if "geometric" in logits:
-        out["loss_geometric"] = symmetric_infonce(logits["geometric"])
-        out["loss"] = out["loss_geometric"] + global_weight * out["loss_global"]
-    else:
-        out["loss"] = out["loss_global"]
-    return out
+    return _combine({k: symmetric_infonce(v) for k, v in logits.items()}, global_weight)
+
+
+def contrastive_loss(model, text, image, global_weight: float = 1.0, local_loss: bool = False) -> dict:
+    """The retrieval loss over the *global* batch when training on several ranks (open_clip's ClipLoss).
+
+    ``text``/``image``: this rank's Embeddings (B local pairs). On one process it is ``retrieval_loss``.
+    On W ranks the features are gathered with gradients (``mmgeo.distributed.gather_embedding``):
+
+    - ``local_loss=False``: every rank scores the full (W·B, W·B) matrix; loss L on each rank. The gather's
+      backward sums W copies of dL/d(own features), DDP's gradient average divides by W: exactly dL/dθ of
+      one process on the concatenated batch.
+    - ``local_loss=True``: rank r scores its B captions against all W·B images and its B images against
+      all W·B captions (2·B·W·B pairs instead of (W·B)², which is what makes the geometric score
+      affordable at scale); its loss L_r averages over its B pairs and L = mean_r L_r, so the same
+      argument gives dL/dθ again. The returned loss is L_r: average it over ranks to log L.
+
+    Limits: equal local batch sizes; dropout draws differ from a single process (each rank its own masks).
+    """
+    from mmgeo.distributed import check_equal_batches, gather_embedding, rank_and_world
+
+    rank, world = rank_and_world()
+    if world == 1:
+        return retrieval_loss(model.logits(text, image), global_weight)
+    B = len(text)
+    check_equal_batches(B, text.pooled.device)
+    all_text, all_image = gather_embedding(text), gather_embedding(image)  # (W·B, ...)
+    if not local_loss:
+        return retrieval_loss(model.logits(all_text, all_image), global_weight)
+    text_side = model.logits(text, all_image)  # each (B, W·B): local captions vs all images
+    image_side = model.logits(all_text, image)  # each (W·B, B): all captions vs local images
+    return _combine({k: infonce(text_side[k], image_side[k].T, offset=rank * B) for k in text_side}, global_weight)

@@ -21,7 +21,10 @@ def parse(argv=None) -> argparse.Namespace:
     b.add_argument("--seed", type=int, default=0, help="seed of --data synthetic")
     b.add_argument("--out", required=True, help="index directory to write (replaced only when complete)")
     b.add_argument("--index-type", default="auto", choices=INDEX_TYPES,
-                   help="FAISS index: auto = flat below 10k images, HNSW below 1M, IVF-PQ above")
+                   help="FAISS index: auto = flat below 10k images, HNSW below 1M, IVF-PQ above (per shard if sharded)")
+    b.add_argument("--shard-size", type=int, default=100_000,
+                   help="over this many images the global index is written as memory-mapped shards of this size, "
+                        "searched shard by shard and merged (docs/serve.md)")
     b.add_argument("--batch-size", type=int, default=64)
     b.add_argument("--no-progress", action="store_true")
     r = sub.add_parser("run", help="serve an index over HTTP")
@@ -38,6 +41,8 @@ def build(args) -> int:
     import mmgeo
     from mmgeo.gallery import build_gallery, folder_items
 
+    if args.shard_size < 1:
+        raise ValueError(f"--shard-size must be at least 1, got {args.shard_size}")
     model = mmgeo.load_model(args.ckpt)
     if args.images:
         items, total = folder_items(args.images)
@@ -53,8 +58,9 @@ def build(args) -> int:
         print(f"error: no image files found in {args.images}", file=sys.stderr)
         return 2
     man = build_gallery(model, items, total, args.out, ckpt=args.ckpt, index_type=args.index_type,
-                        batch_size=args.batch_size, progress=not args.no_progress)
-    print(f"indexed {man['count']} image(s) into {args.out} ({man['index_type']}); "
+                        batch_size=args.batch_size, progress=not args.no_progress, shard_size=args.shard_size)
+    shards = f", {man['shards']['count']} shards" if "shards" in man else ""
+    print(f"indexed {man['count']} image(s) into {args.out} ({man['index_type']}{shards}); "
           f"skipped {man['skipped']['count']} unreadable file(s)")
     for s in man["skipped"]["files"][:10]:
         print(f"  skipped {s['path']}: {s['error']}")

@@ -101,3 +101,21 @@ def test_diagnose_model_is_json_and_scalars(tiny_model):
     assert set(qk_weights(tiny_model)) == {"query", "key"}
     with pytest.raises(ValueError, match="one image index"):
         diagnose(tiny_model, texts, images, torch.tensor([0, 1, 5]))
+
+
+def test_nonfinite_cause_names_each_finding(tiny_model):
+    from mmgeo.diagnostics import nonfinite_cause
+
+    tok = tiny_model.tokenize(["a red circle", "a small blue square on the left"])
+    pixels = torch.zeros(2, 3, tiny_model.cfg.image_size, tiny_model.cfg.image_size)
+    args = (tok["input_ids"], tok["attention_mask"])
+    assert nonfinite_cause(tiny_model, *args, pixels).startswith("inputs, weights, features and attention logits")
+    poisoned = pixels.index_fill(0, torch.tensor([1]), float("nan"))  # image 1 all-NaN
+    assert "non-finite pixel values (1 of 2" in nonfinite_cause(tiny_model, *args, poisoned)
+    with torch.no_grad():
+        tiny_model.query_mlp.fc2.weight.mul_(1e4)
+        tiny_model.key_head.proj.weight.mul_(1e4)
+    assert nonfinite_cause(tiny_model, *args, pixels).startswith("attention logits explode")
+    with torch.no_grad():
+        tiny_model.text_value.weight[0, 0] = float("inf")
+    assert nonfinite_cause(tiny_model, *args, pixels).startswith("weights are non-finite (text_value.weight)")

@@ -14,6 +14,7 @@ class ModelConfig:
     text_hidden: int = 128  # scratch BERT: hidden size
     text_layers: int = 2  # scratch BERT: transformer layers
     text_heads: int = 4  # scratch BERT: attention heads
+    text_dropout: float = 0.1  # scratch BERT: hidden and attention-probability dropout (BERT's 0.1)
     max_text_len: int = 64  # tokens per caption incl. [CLS]/[SEP]; longer captions are truncated with a warning
     # --- image tower (M_K's backbone) ---
     image_backbone: str = "vit_tiny_patch16_224"  # timm ViT name

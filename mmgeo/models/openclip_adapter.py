@@ -6,6 +6,12 @@
 Global score only (``geometric=False``, ``default_mode="global"``); preprocessing is open_clip's own
 eval transform for the model. Pretrained weights come from the local cache only when offline; a
 missing download ends in one MissingDownloadError naming the Hugging Face repo to fetch.
+
+Weights (a TAG, a file path as TAG, or ``local-dir:``) load through open_clip's ``load_checkpoint``:
+``.safetensors`` with safetensors, anything else with ``torch.load(weights_only=True)`` (we pass
+``weights_only=True`` explicitly), ``.npz`` with numpy's default ``allow_pickle=False``. A pickle that
+names code is refused with UnsafeWeightsError. ``open_clip.load_openai_model`` (TorchScript; its state-dict
+fallback calls torch.load without passing weights_only) is never called, here or by open_clip's create_model.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mmgeo.models.geo_retriever import Embedding, _check_texts
-from mmgeo.models.towers import _missing
+from mmgeo.models.towers import _missing, _unsafe, refused_pickle
 
 PREFIX = "openclip:"
 
@@ -42,16 +48,22 @@ def parse_spec(spec: str) -> tuple[str, str | None]:
 
 
 def create_openclip(arch: str, pretrained: str | None = None, **kwargs) -> tuple[nn.Module, object]:
-    """open_clip.create_model_and_transforms with offline errors turned into MissingDownloadError.
-    -> (model, eval transform)."""
+    """open_clip.create_model_and_transforms (weights read with ``weights_only=True``), offline errors turned
+    into MissingDownloadError, refused pickles into UnsafeWeightsError. -> (model, eval transform)."""
     import open_clip
 
     if arch not in open_clip.list_models() and not arch.startswith(("hf-hub:", "local-dir:")):
         raise ValueError(f"unknown open_clip architecture {arch!r}; see open_clip.list_models() "
                          "(e.g. ViT-B-32, ViT-B-16, RN50)")
     try:
-        model, _, preprocess = open_clip.create_model_and_transforms(arch, pretrained=pretrained, **kwargs)
-    except RuntimeError as err:
+        model, _, preprocess = open_clip.create_model_and_transforms(arch, pretrained=pretrained, weights_only=True,
+                                                                     **kwargs)
+    except Exception as err:
+        reason = refused_pickle(err)
+        if reason:
+            raise _unsafe("open_clip weights", pretrained or arch, reason) from err
+        if not isinstance(err, RuntimeError):
+            raise
         if pretrained and "download" in str(err).lower():
             cfg = open_clip.get_pretrained_cfg(arch, pretrained) or {}
             repo = (cfg.get("hf_hub") or f"{arch}/{pretrained}").rstrip("/")

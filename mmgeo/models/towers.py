@@ -2,9 +2,17 @@
 
 Named backbones load from the local Hugging Face / timm cache only when asked for pretrained
 weights; a missing download ends in one message naming what to fetch and where it goes.
+
+Weights files are never unpickled blindly: each library reads ``*.safetensors`` first and falls back
+to ``torch.load(weights_only=True)`` for ``.bin`` / ``.pth`` (transformers 5 ``modeling_utils.load_state_dict``,
+timm ``_helpers._torch_load``, open_clip ``factory.load_state_dict``). A pickle that names code is refused,
+and the refusal ends in one ValueError saying how to convert the file (``UnsafeWeightsError``).
 """
 
 from __future__ import annotations
+
+import pickle
+import re
 
 import torch
 from torch import nn
@@ -14,6 +22,31 @@ SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]")
 
 class MissingDownloadError(RuntimeError):
     """A model or dataset is not in the local cache and cannot be fetched here."""
+
+
+class UnsafeWeightsError(ValueError):
+    """A weights file is a pickle that ``torch.load(weights_only=True)`` refused: it names code to run."""
+
+
+def refused_pickle(err: BaseException | None) -> str | None:
+    """If ``err``, or an exception it wraps, is ``torch.load(weights_only=True)`` refusing a pickle that names
+    code: the reason (e.g. "it names posix.system"); else None."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, pickle.UnpicklingError) and "weights only load failed" in str(err).lower():
+            found = re.search(r"GLOBAL (\S+)", str(err))
+            return f"it names {found.group(1)}" if found else str(err).splitlines()[0]
+        err = err.__cause__ or err.__context__
+    return None
+
+
+def _unsafe(what: str, name: str, reason: str) -> UnsafeWeightsError:
+    return UnsafeWeightsError(
+        f"{what} {name!r} was refused: its weights file is a pickle that needs code to load ({reason}); weights "
+        "are read only as safetensors or with torch.load(weights_only=True). If you trust its source, convert it "
+        "to safetensors in an isolated, trusted environment (transformers: model.save_pretrained(folder); timm / "
+        "open_clip: safetensors.torch.save_file(state_dict, 'model.safetensors')) and point mmgeo at the result.")
 
 
 def word_level_tokenizer(vocab: list[str]):
@@ -42,7 +75,11 @@ def _missing(what: str, name: str, err: Exception) -> MissingDownloadError:
 
 
 def build_text_tower(cfg) -> tuple[nn.Module, object, int]:
-    """-> (encoder, tokenizer, hidden size). The encoder maps (input_ids, attention_mask) to token states."""
+    """-> (encoder, tokenizer, hidden size). The encoder maps (input_ids, attention_mask) to token states.
+
+    A named backbone's weights (``text_pretrained``) come through ``AutoModel.from_pretrained``: transformers 5
+    takes ``model.safetensors`` when present, else ``pytorch_model.bin`` with ``torch.load(weights_only=True)``
+    (its defaults; a refused pickle raises UnsafeWeightsError). Remote code is never trusted."""
     from transformers import AutoConfig, AutoModel, AutoTokenizer, BertConfig
 
     if cfg.text_backbone == "scratch":
@@ -52,23 +89,32 @@ def build_text_tower(cfg) -> tuple[nn.Module, object, int]:
         bert = BertConfig(vocab_size=len(tokenizer), hidden_size=cfg.text_hidden,
                           num_hidden_layers=cfg.text_layers, num_attention_heads=cfg.text_heads,
                           intermediate_size=4 * cfg.text_hidden, max_position_embeddings=cfg.max_text_len,
+                          hidden_dropout_prob=cfg.text_dropout, attention_probs_dropout_prob=cfg.text_dropout,
                           pad_token_id=tokenizer.pad_token_id)
         encoder = AutoModel.from_config(bert, add_pooling_layer=False)
         return encoder, tokenizer, cfg.text_hidden
     try:
-        tokenizer = AutoTokenizer.from_pretrained(cfg.text_backbone)
+        tokenizer = AutoTokenizer.from_pretrained(cfg.text_backbone, trust_remote_code=False)
         if cfg.text_pretrained:
-            encoder = AutoModel.from_pretrained(cfg.text_backbone, add_pooling_layer=False)
+            encoder = AutoModel.from_pretrained(cfg.text_backbone, add_pooling_layer=False, trust_remote_code=False)
         else:
-            encoder = AutoModel.from_config(AutoConfig.from_pretrained(cfg.text_backbone), add_pooling_layer=False)
-    except OSError as err:
+            encoder = AutoModel.from_config(AutoConfig.from_pretrained(cfg.text_backbone, trust_remote_code=False),
+                                            add_pooling_layer=False)
+    except (OSError, pickle.UnpicklingError) as err:
+        reason = refused_pickle(err)
+        if reason:
+            raise _unsafe("text backbone", cfg.text_backbone, reason) from err
         raise _missing("text backbone", cfg.text_backbone, err) from err
     return encoder, tokenizer, encoder.config.hidden_size
 
 
 def build_image_tower(cfg) -> nn.Module:
     """A timm ViT returning token features, classifier head removed; or, for ``image_backbone:
-    "openclip:ARCH[/TAG]"``, an open_clip ViT (weights of TAG when ``image_pretrained``)."""
+    "openclip:ARCH[/TAG]"``, an open_clip ViT (weights of TAG when ``image_pretrained``).
+
+    timm's weights (``image_pretrained``; a Hub name, ``hf-hub:`` or ``local-dir:``) load through timm's
+    ``load_pretrained``: ``.safetensors`` first, else ``torch.load(weights_only=True)`` (timm ``_torch_load``,
+    no unsafe fallback); ``.npz`` with ``allow_pickle=False``. A refused pickle raises UnsafeWeightsError."""
     import timm
 
     if cfg.image_backbone.startswith("openclip:"):
@@ -82,7 +128,10 @@ def build_image_tower(cfg) -> nn.Module:
             kwargs[key] = value
     try:
         vit = timm.create_model(cfg.image_backbone, pretrained=cfg.image_pretrained, **kwargs)
-    except (OSError, RuntimeError) as err:
+    except (OSError, RuntimeError, pickle.UnpicklingError) as err:
+        reason = refused_pickle(err)
+        if reason:
+            raise _unsafe("image backbone", cfg.image_backbone, reason) from err
         if not cfg.image_pretrained:
             raise
         repo = cfg.image_backbone if "/" in cfg.image_backbone else f"timm/{cfg.image_backbone}"  # timm's Hub home

@@ -53,7 +53,7 @@ def test_eval_writes_the_protocol_json(trained, tmp_path, mode, capsys):
 
 
 def test_lightning_checkpoint_evaluates_too(trained, tmp_path):
-    ckpt = trained.parent / "checkpoints" / "last.ckpt"
+    ckpt = train_app.latest_checkpoint(trained.parent)  # a step checkpoint
     result = eval_app.main(["--ckpt", str(ckpt), "--limit", "5"])
     assert result["counts"]["images"] == 5
 

@@ -84,3 +84,65 @@ def test_openclip_tower_needs_a_tag_for_weights(openclip_arch):
     with pytest.raises(ValueError, match="names no open_clip weights"):
         mmgeo.create_model("geo-tiny", **{**TINY, "image_backbone": f"openclip:{openclip_arch}",
                                           "image_pretrained": True})
+
+
+class _Payload:
+    """Unpickling this creates ``marker``: stands in for any code a malicious weights file would run."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def _same(tower: torch.nn.Module, state: dict) -> bool:
+    got = tower.state_dict()
+    return set(state) <= set(got) and all(torch.equal(got[k], v) for k, v in state.items())
+
+
+@pytest.mark.parametrize("kind", ["transformers", "timm", "open_clip"])
+def test_local_weights_load_and_malicious_ones_are_refused(kind, bert_dir, openclip_arch, tmp_path):
+    """Each library's real formats (safetensors, and a torch pickle of tensors) load through our factory;
+    a pickle that names code is refused with UnsafeWeightsError before anything runs."""
+    import shutil
+
+    import open_clip
+    from safetensors.torch import save_file
+
+    from mmgeo.models.towers import UnsafeWeightsError
+
+    torch.manual_seed(0)
+    folder, marker = tmp_path / "weights", tmp_path / "ran.marker"
+    if kind == "transformers":
+        shutil.copytree(bert_dir, folder)
+        tower = mmgeo.create_model("geo-tiny", **{**TINY, "text_backbone": str(folder),
+                                                  "text_pretrained": False}).text_encoder
+        tower.save_pretrained(folder)  # model.safetensors, as the Hub has it
+        files = {"safetensors": folder / "model.safetensors", "torch": folder / "pytorch_model.bin"}
+        overrides, part = {"text_backbone": str(folder), "text_pretrained": True}, "text_encoder"
+    elif kind == "timm":
+        folder.mkdir()
+        (folder / "config.json").write_text('{"architecture": "vit_tiny_patch16_224", "num_classes": 0}')
+        tower = mmgeo.create_model("geo-tiny", **TINY).image_encoder
+        files = {"safetensors": folder / "model.safetensors", "torch": folder / "pytorch_model.bin"}
+        overrides, part = {"image_backbone": f"local-dir:{folder}", "image_pretrained": True}, "image_encoder"
+    else:
+        folder.mkdir()
+        tower = open_clip.create_model(openclip_arch)
+        files = {"safetensors": folder / "clip.safetensors", "torch": folder / "clip.pt"}
+        part = "image_encoder.visual"
+    state = {k: v.detach().clone().contiguous() for k, v in tower.state_dict().items()}
+    for fmt, path in files.items():
+        save_file(state, path) if fmt == "safetensors" else torch.save(state, path)
+        if kind == "open_clip":
+            overrides = {"image_backbone": f"openclip:{openclip_arch}/{path}", "image_pretrained": True}
+        model = mmgeo.create_model("geo-tiny", **{**TINY, **overrides})
+        expect = state if kind != "open_clip" else {  # the image tower; its CLIP projection is dropped
+            k[len("visual."):]: v for k, v in state.items() if k.startswith("visual.") and k != "visual.proj"}
+        assert _same(model.get_submodule(part), expect), fmt
+        path.unlink()
+    torch.save({**state, "extra": _Payload(marker)}, files["torch"])
+    with pytest.raises(UnsafeWeightsError, match=r"refused: .*needs code to load \(it names \S*open\).*safetensors"):
+        mmgeo.create_model("geo-tiny", **{**TINY, **overrides})
+    assert not marker.exists()

@@ -133,3 +133,72 @@ def test_run_refuses_a_missing_index(tmp_path, capsys):
 
     assert main(["run", "--index", str(tmp_path / "none")]) == 2
     assert "no manifest.json" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def sharded_pair(serve_env, tmp_path_factory):
+    """The first 30 test images indexed twice: unsharded flat, and in shards of 7 (7, 7, 7, 7, 2)."""
+    from serve.cli import main
+
+    root = tmp_path_factory.mktemp("sharded")
+    common = ["build", "--ckpt", str(serve_env.ckpt), "--data", "synthetic", "--limit", "30", "--no-progress",
+              "--batch-size", "8"]
+    assert main([*common, "--out", str(root / "one"), "--index-type", "flat"]) == 0
+    assert main([*common, "--out", str(root / "shards"), "--shard-size", "7"]) == 0
+    return Gallery(root / "one"), Gallery(root / "shards")
+
+
+def test_sharded_gallery_searches_exactly_like_one_flat_index(serve_env, sharded_pair):
+    from mmgeo.data import ShapesWorld
+    from mmgeo.gallery import search_text
+    from mmgeo.shards import ShardedIndex
+
+    one, sh = sharded_pair
+    assert one.manifest["version"] == 1 and "shards" not in one.manifest and (one.root / "global.faiss").is_file()
+    assert sh.manifest["version"] == 2 and sh.manifest["index_type"] == "flat"
+    assert not (sh.root / "global.faiss").exists() and (sh.root / "global.shards" / "shards.json").is_file()
+    assert sh.manifest["shards"] == {"dir": "global.shards", "count": 5, "shard_size": 7}
+    assert isinstance(sh.index, ShardedIndex) and sh.index.counts == [7, 7, 7, 7, 2] and len(sh) == 30
+    np.testing.assert_array_equal(np.asarray(sh.keys), np.asarray(one.keys))  # same images, same encoding
+    captions = [ShapesWorld("test", 0, image_size=32)[i][1][0] for i in range(0, 30, 3)] + ["a red circle"]
+    texts = serve_env.model.encode_text(captions)
+    for i in range(len(captions)):
+        for rerank, k, k_prime in ((False, 10, 100), (True, 10, 100), (True, 5, 8), (False, 30, 100)):
+            got = search_text(serve_env.model, sh, texts[i:i + 1], k, rerank, k_prime)
+            want = search_text(serve_env.model, one, texts[i:i + 1], k, rerank, k_prime)
+            np.testing.assert_array_equal(got[0], want[0])
+            np.testing.assert_array_equal(got[1], want[1])
+
+
+def test_sharded_gallery_serves_over_http(serve_env, sharded_pair):
+    from fastapi.testclient import TestClient
+
+    from serve.app import create_app
+
+    one, sh = sharded_pair
+    png = (sh.root / "images" / "0000004.png").read_bytes()
+    out = {}
+    for g in (one, sh):
+        with TestClient(create_app(g.root)) as c:
+            assert c.get("/health").json()["images"] == 30
+            out[g.root.name] = (c.post("/search", json={"text": "a big red circle", "k": 6}).json(),
+                                c.post("/search/image", files={"file": ("q.png", png, "image/png")},
+                                       params={"k": 6}).json())
+    assert out["one"] == out["shards"] and out["shards"][1]["results"][0]["id"] == 4
+
+
+def test_sharded_gallery_load_errors(sharded_pair, tmp_path):
+    _, sh = sharded_pair
+    bad = _copy(sh.root, tmp_path / "v1")
+    man = json.loads((bad / "manifest.json").read_text())
+    (bad / "manifest.json").write_text(json.dumps({**man, "version": 1}))
+    with pytest.raises(GalleryError, match="v1 but lists shards"):
+        Gallery(bad)
+    miss = _copy(sh.root, tmp_path / "m")
+    (miss / "global.shards" / "shard-00003.faiss").unlink()
+    with pytest.raises(GalleryError, match=r"shard-00003.faiss is missing; rebuild"):
+        Gallery(miss)
+    flat_missing = _copy(sharded_pair[0].root, tmp_path / "f")
+    (flat_missing / "global.faiss").unlink()
+    with pytest.raises(GalleryError, match=r"missing \['global.faiss'\]"):
+        Gallery(flat_missing)

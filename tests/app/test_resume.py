@@ -1,0 +1,123 @@
+"""Fault tolerance of train.py: SIGKILL mid-epoch, --resume, same weights and same samples (issue 7, acceptance 2).
+
+Training runs as a real subprocess so that the kill is a real SIGKILL. The uninterrupted reference and the
+killed + resumed run use the same config; dropout is on (per-step seeds make it reproducible).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import train as train_app
+from tests.conftest import TINY
+
+ROOT = Path(__file__).resolve().parents[2]
+STEPS, EVERY, ITEMS, ITEMS_PER_STEP = 30, 3, 64, 8  # 8 steps per epoch: checkpoints 3, 6, 9 are mid-epoch
+
+
+def _args(out: Path, name: str, *extra: str) -> list[str]:
+    args = ["--config", "configs/synthetic.yaml", "--name", name, "--out_dir", str(out),
+            "--trainer.max_steps", str(STEPS), "--trainer.batch_size", str(2 * ITEMS_PER_STEP),
+            "--trainer.checkpoint_every_n_steps", str(EVERY), "--trainer.log_samples", "true",
+            "--trainer.val_every_n_steps", "0", "--trainer.log_every_n_steps", "1", "--trainer.threads", "1",
+            "--data.train_size", str(ITEMS), "--data.val_size", "0", "--data.num_workers", "1",
+            "--data.image_size", str(TINY["image_size"]), "--aids.diagnostics_every_n_steps", "0", *extra]
+    for k, v in TINY.items():
+        args += [f"--model_args.{k}", str(v)]
+    return args
+
+
+def _run(args: list[str], **kw) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, "train.py", *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, **kw)
+
+
+def _finish(proc: subprocess.Popen) -> str:
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out[-3000:]
+    return out
+
+
+def _samples_reached(path: Path, step: int) -> bool:
+    return path.is_file() and any(int(line.split("\t")[0]) >= step for line in path.read_text().splitlines())
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    out = tmp_path_factory.mktemp("resume")
+    reference = _run(_args(out, "straight"))
+    victim = _run(_args(out, "killed"))
+    samples = out / "killed" / "samples.tsv"
+    deadline = time.time() + 240
+    while not _samples_reached(samples, EVERY + 1) and victim.poll() is None and time.time() < deadline:
+        time.sleep(0.01)
+    assert victim.poll() is None, "training finished before it could be killed: " + victim.communicate()[0][-2000:]
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+    killed_at = max(int(line.split("\t")[0]) for line in samples.read_text().splitlines())
+    ckpt = train_app.latest_checkpoint(out / "killed")
+    resumed_out = _finish(_run(_args(out, "killed", "--resume")))
+    _finish(reference)
+    return {"out": out, "killed_at": killed_at, "resumed_from": int(ckpt.stem.split("=")[1]), "log": resumed_out}
+
+
+def test_kill_happened_mid_epoch_and_resumed(runs):
+    frm, killed = runs["resumed_from"], runs["killed_at"]
+    assert 0 < frm < STEPS and frm % (ITEMS // ITEMS_PER_STEP) != 0, f"resumed from step {frm}: not mid-epoch"
+    assert frm <= killed < STEPS, f"killed at step {killed} of {STEPS}"
+    assert f"resumed from step={frm:06d}.ckpt" in runs["log"]
+
+
+def test_resumed_weights_equal_uninterrupted(runs):
+    a = torch.load(runs["out"] / "straight" / "model.pt", weights_only=True)["state_dict"]
+    b = torch.load(runs["out"] / "killed" / "model.pt", weights_only=True)["state_dict"]
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=0, atol=1e-6, msg=f"{k} differs after resume")
+    moved = torch.load(runs["out"] / "killed" / "checkpoints" / f"step={STEPS - STEPS % EVERY:06d}.ckpt",
+                       weights_only=True)["global_step"]
+    assert moved == STEPS - STEPS % EVERY
+
+
+def test_same_samples_none_repeated_or_skipped(runs):
+    a = train_app.read_samples(runs["out"] / "straight" / "samples.tsv")
+    b = train_app.read_samples(runs["out"] / "killed" / "samples.tsv")
+    assert sorted(a) == sorted(b) == list(range(STEPS))
+    assert a == b
+    epochs = {}
+    for step, (epoch, items) in b.items():
+        assert len(items) == ITEMS_PER_STEP and epoch == step // (ITEMS // ITEMS_PER_STEP)
+        epochs.setdefault(epoch, []).extend(items)
+    for epoch, items in epochs.items():  # within an epoch, every item at most once (all of them when complete)
+        assert len(items) == len(set(items)), f"epoch {epoch} repeats items"
+        if len(items) == ITEMS:
+            assert sorted(items) == list(range(ITEMS))
+    lines = (runs["out"] / "killed" / "samples.tsv").read_text().splitlines()
+    redone = len(lines) - STEPS  # steps after the checkpoint that the kill threw away, trained again
+    assert redone == runs["killed_at"] + 1 - runs["resumed_from"]
+
+
+def test_metrics_log_survives_the_resume(runs):
+    """Rows before the checkpoint are kept, rows of the thrown-away steps are not duplicated."""
+    a, b = ((runs["out"] / name / "metrics.csv").read_text().splitlines() for name in ("straight", "killed"))
+    assert a[0] == b[0] and sorted(a) == sorted(b)
+
+
+def test_resume_needs_a_checkpoint(tmp_path):
+    with pytest.raises(SystemExit, match="no step checkpoint"):
+        train_app.main(_args(tmp_path, "none", "--resume"))
+
+
+def test_resume_refuses_another_data_order(runs):
+    ckpt = train_app.latest_checkpoint(runs["out"] / "killed")
+    with pytest.raises(ValueError, match="cannot resume this data order"):
+        train_app.main(_args(runs["out"], "other", "--trainer.seed", "1", "--resume", str(ckpt)))
