@@ -1,6 +1,7 @@
 """Load test of the search service on loopback: QPS and p50/p99 latency of POST /search, re-rank off and on.
 
     python benchmarks/load_search.py [--count 100000] [--clients 1 8 32] [--seconds 8] [--max-requests 3000]
+                                     [--client raw|httpx]
 
 Builds (once, cached under --workdir) a gallery of ``--count`` random vectors shaped like the default
 ``geo-tiny`` model's (global vectors in FAISS, fp16 keys/values memory-mapped; no images encoded), starts
@@ -65,13 +66,50 @@ def queries(n: int = 200) -> list[str]:
     return [c for i in range(n // 5) for c in ds[i][1]]
 
 
-async def run_setting(url: str, texts: list[str], clients: int, rerank: bool, seconds: float, max_requests: int):
+class RawClient:
+    """A minimal HTTP/1.1 keep-alive client on asyncio streams: one connection, one request at a time.
+
+    The load generator shares the server's cores, so its own CPU per request is part of what is measured;
+    this one costs about a quarter of httpx's (``--client httpx`` keeps httpx for comparison).
+    """
+
+    def __init__(self, host: str, port: int):
+        self.host, self.port, self.reader, self.writer = host, port, None, None
+
+    async def post_json(self, path: str, body: dict) -> tuple[int, dict]:
+        if self.writer is None:
+            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        data = json.dumps(body).encode()
+        self.writer.write(f"POST {path} HTTP/1.1\r\nHost: {self.host}\r\nContent-Type: application/json\r\n"
+                          f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+        head = await self.reader.readuntil(b"\r\n\r\n")
+        status = int(head.split(b" ", 2)[1])
+        length = next(int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                      if line.lower().startswith(b"content-length:"))
+        return status, json.loads(await self.reader.readexactly(length))
+
+    async def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            await self.writer.wait_closed()
+
+
+async def run_setting(url: str, texts: list[str], clients: int, rerank: bool, seconds: float, max_requests: int,
+                      kind: str = "raw"):
     import httpx
 
     lat, errors, sent = [], 0, 0
-    stop = time.perf_counter() + seconds
+    host, port = url.removeprefix("http://").split(":")
 
-    async def client(c: int, http: httpx.AsyncClient):
+    async def one(http, body) -> bool:
+        if kind == "raw":
+            status, out = await http.post_json("/search", body)
+        else:
+            r = await http.post(url + "/search", json=body)
+            status, out = r.status_code, r.json()
+        return status == 200 and len(out["results"]) == body["k"]
+
+    async def client(c: int, http):
         nonlocal errors, sent
         i = c
         while time.perf_counter() < stop and sent < max_requests:
@@ -79,28 +117,34 @@ async def run_setting(url: str, texts: list[str], clients: int, rerank: bool, se
             body = {"text": texts[i % len(texts)], "k": 10, "rerank": rerank}
             t = time.perf_counter()
             try:
-                r = await http.post(url + "/search", json=body)
-                ok = r.status_code == 200 and len(r.json()["results"]) == 10
-            except httpx.HTTPError:
+                ok = await one(http, body)
+            except (httpx.HTTPError, OSError, asyncio.IncompleteReadError, ValueError):
                 ok = False
             lat.append(time.perf_counter() - t) if ok else None
             errors += not ok
             i += clients
 
-    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
-    async with httpx.AsyncClient(limits=limits, timeout=30) as http:
-        for _ in range(3):  # warm-up
-            await http.post(url + "/search", json={"text": texts[0], "k": 10, "rerank": rerank})
-        t0 = time.perf_counter()
-        await asyncio.gather(*(client(c, http) for c in range(clients)))
-        wall = time.perf_counter() - t0
+    if kind == "raw":
+        conns = [RawClient(host, int(port)) for _ in range(clients)]
+    else:
+        shared = httpx.AsyncClient(limits=httpx.Limits(max_connections=clients, max_keepalive_connections=clients),
+                                   timeout=30)
+        conns = [shared] * clients
+    for _ in range(3):  # warm-up
+        await one(conns[0], {"text": texts[0], "k": 10, "rerank": rerank})
+    stop = time.perf_counter() + seconds
+    t0 = time.perf_counter()
+    await asyncio.gather(*(client(c, conns[c]) for c in range(clients)))
+    wall = time.perf_counter() - t0
+    for c in set(conns):
+        await (c.close() if kind == "raw" else c.aclose())
     lat.sort()
 
     def pct(p):
         return 1000 * lat[min(len(lat) - 1, int(p * len(lat)))] if lat else float("nan")
 
     return {"rerank": rerank, "clients": clients, "requests": len(lat) + errors, "qps": len(lat) / wall,
-            "p50_ms": pct(0.50), "p99_ms": pct(0.99), "errors": errors}
+            "p50_ms": pct(0.50), "p99_ms": pct(0.99), "errors": errors, "client": kind}
 
 
 def server_search_seconds(url: str) -> tuple[float, int]:
@@ -124,6 +168,8 @@ def main(argv=None) -> int:
     p.add_argument("--seconds", type=float, default=8.0, help="time limit per setting")
     p.add_argument("--max-requests", type=int, default=3000, help="request limit per setting")
     p.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "mmgeo-load-bench"))
+    p.add_argument("--client", default="raw", choices=["raw", "httpx"],
+                   help="load generator: raw = minimal keep-alive HTTP/1.1 on asyncio streams (light), httpx")
     p.add_argument("--json", default=None, help="also write the rows here")
     args = p.parse_args(argv)
 
@@ -148,14 +194,14 @@ def main(argv=None) -> int:
             time.sleep(0.3)
         health = httpx.get(url + "/health").json()
         print(f"server up: {health['images']:,} images, index {health['index_type']}; "
-              f"{os.cpu_count()} CPU core(s) shared by server and clients", flush=True)
+              f"{os.cpu_count()} CPU core(s) shared by server and clients ({args.client} client)", flush=True)
         texts = queries()
         print(f"{'rerank':>7} {'clients':>7} {'requests':>8} {'QPS':>8} {'p50 ms':>8} {'p99 ms':>8} {'errors':>6} "
               f"{'server mean ms':>14}")
         for rerank in (False, True):
             for c in args.clients:
                 s0, n0 = server_search_seconds(url)
-                r = asyncio.run(run_setting(url, texts, c, rerank, args.seconds, args.max_requests))
+                r = asyncio.run(run_setting(url, texts, c, rerank, args.seconds, args.max_requests, args.client))
                 s1, n1 = server_search_seconds(url)
                 r["server_mean_ms"] = 1000 * (s1 - s0) / max(1, n1 - n0)  # includes the warm-up requests
                 rows.append(r)

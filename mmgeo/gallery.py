@@ -388,35 +388,48 @@ class Gallery:
         return p if p.is_absolute() else self.root / p
 
     def candidates(self, ids) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Keys (K, H, L, d_a), values (K, H, L, d_e) as float32 tensors and mask (K, L) of the given ids."""
+        """Keys (K, H, L, d_a), values (K, H, L, d_e) as float32 tensors and mask (K, L) of the given ids
+        (read from the memory-mapped fp16 arrays in the given order; only those rows are touched)."""
         ids = np.asarray(ids, dtype=np.int64)
-        order = np.argsort(ids)  # sorted reads from the memmap (disk locality), then back to the given order
-        inv = torch.from_numpy(np.argsort(order))
-        sid = ids[order]
-        k = torch.from_numpy(self.keys.take(sid, axis=0)).float()[inv]
-        v = torch.from_numpy(self.values.take(sid, axis=0)).float()[inv]
-        m = torch.from_numpy(self.mask.take(sid, axis=0))[inv]
-        return k, v, m
+        k = torch.from_numpy(self.keys[ids]).float()
+        v = torch.from_numpy(self.values[ids]).float()
+        return k, v, torch.from_numpy(self.mask[ids])
 
 
 @torch.inference_mode()
-def search_text(model, gallery: Gallery, text, k: int, rerank: bool = True, k_prime: int = 100):
-    """Two-stage search for one encoded caption -> (ids (k,), scores (k,)) best first.
+def search_texts(model, gallery: Gallery, texts, ks, reranks, k_prime: int = 100) -> list[tuple[np.ndarray, ...]]:
+    """Two-stage search for a batch of encoded captions -> one (ids (k,), scores (k,)) per caption, best first.
 
-    FAISS top-K' (``k_prime``, at least ``k``) on the global vectors; with ``rerank`` those candidates are
-    re-scored by the model's geometric score against their stored keys/values (fp16 on disk, fp32 here).
+    One FAISS search for the batch over the global vectors (top ``max(k, k_prime)`` for a re-ranked query,
+    top ``k`` otherwise); the re-ranked queries' candidates are then gathered in one read (fp16 on disk,
+    fp32 here) and re-scored by the geometric score in batched GEMMs (``pair_score_grouped``): each query
+    against its own K' candidates, the numbers ``model.score`` gives for those pairs.
     """
-    from mmgeo.models import Embedding
+    from mmgeo.kernels import pair_score_grouped
 
-    q = np.ascontiguousarray(text.pooled[:1].float().cpu().numpy())  # (1, d_g)
-    want = max(k, k_prime) if rerank else k
-    g_scores, ids = gallery.index.search(q, min(want, gallery.count))
-    keep = ids[0] >= 0  # HNSW / IVF may return fewer than asked (-1 padding)
-    ids, g_scores = ids[0][keep], g_scores[0][keep]
-    if not rerank or len(ids) == 0:
-        return ids[:k], g_scores[:k]
-    keys, values, mask = gallery.candidates(ids)  # (K', H, L, d_a), (K', H, L, d_e), (K', L)
-    cands = Embedding(torch.zeros(len(ids), 1), keys, values, mask)
-    s = model.score(text[:1].to("cpu"), cands)[0].float().numpy()  # (K',) geometric
-    order = np.argsort(-s, kind="stable")[:k]
-    return ids[order], s[order]
+    B = len(texts)
+    want = [min(max(k, k_prime) if r else k, gallery.count) for k, r in zip(ks, reranks)]  # per query
+    q = np.ascontiguousarray(texts.pooled.float().cpu().numpy())  # (B, d_g)
+    g_scores, ids = gallery.index.search(q, max(want))  # (B, W); HNSW / IVF may pad with -1
+    valid = (ids >= 0) & (np.arange(ids.shape[1])[None] < np.asarray(want)[:, None])  # (B, W)
+    out: list = [None] * B
+    rows = [i for i in range(B) if reranks[i] and valid[i].any()]
+    for i in (i for i in range(B) if i not in rows):
+        out[i] = ids[i][valid[i]][:ks[i]], g_scores[i][valid[i]][:ks[i]]
+    if rows:
+        cand = np.where(valid[rows], ids[rows], ids[rows][:, :1])  # (R, W): padding -> a real id, masked below
+        keys, values, mask = gallery.candidates(cand.ravel())  # (R·W, H, L, d_a), (R·W, H, L, d_e), (R·W, L)
+        R, W = cand.shape
+        t = texts[rows].to("cpu")
+        s = pair_score_grouped(t.attn[:, None], t.mask[:, None], t.value[:, None], keys.view(R, W, *keys.shape[1:]),
+                               mask.view(R, W, -1), values.view(R, W, *values.shape[1:])).numpy()  # (R, W)
+        s = np.where(valid[rows], s, -np.inf)
+        for r, i in enumerate(rows):
+            order = np.argsort(-s[r], kind="stable")[:min(ks[i], int(valid[i].sum()))]
+            out[i] = cand[r][order], s[r][order]
+    return out
+
+
+def search_text(model, gallery: Gallery, text, k: int, rerank: bool = True, k_prime: int = 100):
+    """Two-stage search for one encoded caption -> (ids (k,), scores (k,)) best first (``search_texts``)."""
+    return search_texts(model, gallery, text[:1], [k], [rerank], k_prime)[0]

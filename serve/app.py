@@ -21,7 +21,7 @@ from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, PlainTex
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from mmgeo.gallery import Gallery, open_image, search_text
+from mmgeo.gallery import Gallery, open_image, search_texts
 from serve.batching import MicroBatcher
 from serve.guard import BodySizeGuard
 from serve.metrics import Metrics, MetricsMiddleware
@@ -36,8 +36,9 @@ class Limits:
     k_prime: int = 100  # first-stage candidates re-ranked by the geometric score
     max_upload_bytes: int = 10 << 20
     max_image_pixels: int = 40_000_000
-    batch_size: int = 32  # micro-batch of text encodings
+    batch_size: int = 32  # micro-batch of queries (encode + search + re-rank together)
     batch_wait_ms: float = 3.0
+    batch_workers: int = 2  # micro-batches in flight at once (one per core helps; each runs in its own thread)
 
 
 class ApiError(Exception):
@@ -83,12 +84,14 @@ def create_app(index_dir, model=None, ckpt=None, limits: Limits | None = None) -
         model = mmgeo.load_model(ckpt)
     gallery.check_model(model, ckpt)
 
-    def encode_batch(texts: list[str]) -> list:
-        """One micro-batch of queries, in a worker thread: one encode call -> one Embedding row per text."""
-        emb = model.encode_text(texts).to("cpu")  # rows (B, ...)
-        return [emb[i:i + 1] for i in range(len(texts))]
+    def search_batch(queries: list[tuple[str, int, bool]]) -> list:
+        """One micro-batch of (text, k, rerank) in a worker thread: one encode call, one FAISS search, one
+        batched re-rank -> one (ids, scores) per query."""
+        emb = model.encode_text([t for t, _, _ in queries])  # rows (B, ...)
+        return search_texts(model, gallery, emb, [k for _, k, _ in queries], [r for _, _, r in queries],
+                            limits.k_prime)
 
-    batcher = MicroBatcher(encode_batch, limits.batch_size, limits.batch_wait_ms)
+    batcher = MicroBatcher(search_batch, limits.batch_size, limits.batch_wait_ms, limits.batch_workers)
     metrics = Metrics()
 
     @asynccontextmanager
@@ -141,9 +144,7 @@ def create_app(index_dir, model=None, ckpt=None, limits: Limits | None = None) -
     @app.post("/search", summary="Text -> ranked images")
     async def search(req: SearchRequest):
         _check_query(req.text, req.k, limits)
-        emb = await batcher.submit(req.text)  # batched with concurrent queries
-        # FAISS + re-rank per request in its own worker thread: requests of a batch run on all cores
-        ids, scores = await asyncio.to_thread(search_text, model, gallery, emb, req.k, req.rerank, limits.k_prime)
+        ids, scores = await batcher.submit((req.text, req.k, req.rerank))  # batched with concurrent queries
         return {"query": req.text, "rerank": req.rerank, "results": result_rows(ids, scores)}
 
     @app.post("/search/image", summary="Image upload -> similar images (global vectors)")

@@ -2,7 +2,9 @@
 
 The event loop never runs the model: a worker task gathers up to ``max_batch`` items (waiting at most
 ``max_wait_ms`` after the first), runs ``fn(items) -> results`` (one result per item, e.g. encode the
-texts in one call, then search each) via ``asyncio.to_thread`` and hands every waiter its own result.
+texts in one call, then search them together) via ``asyncio.to_thread`` and hands every waiter its own
+result. With ``workers`` > 1 several such tasks take turns at the queue, so while one batch runs in its
+thread (torch and FAISS release the GIL) the next is gathered and run on another core.
 """
 
 from __future__ import annotations
@@ -15,28 +17,30 @@ from collections.abc import Callable
 class MicroBatcher:
     """``await batcher.submit(item)`` -> ``fn([...items])[i]`` for this item's position ``i`` in its batch."""
 
-    def __init__(self, fn: Callable, max_batch: int = 32, max_wait_ms: float = 3.0):
-        self.fn, self.max_batch, self.max_wait = fn, max_batch, max_wait_ms / 1000
+    def __init__(self, fn: Callable, max_batch: int = 32, max_wait_ms: float = 3.0, workers: int = 1):
+        if workers < 1:
+            raise ValueError(f"workers must be at least 1, got {workers}")
+        self.fn, self.max_batch, self.max_wait, self.n_workers = fn, max_batch, max_wait_ms / 1000, workers
         self.queue: asyncio.Queue | None = None
-        self.worker: asyncio.Task | None = None
+        self.workers: list[asyncio.Task] = []
         self.batches = 0  # batches run so far (for /metrics)
         self.items = 0
 
     async def start(self) -> None:
         self.queue = asyncio.Queue()
-        self.worker = asyncio.create_task(self._run())
+        self.workers = [asyncio.create_task(self._run()) for _ in range(self.n_workers)]
 
     async def stop(self) -> None:
-        if self.worker is not None:
-            self.worker.cancel()
+        for w in self.workers:
+            w.cancel()
             try:
-                await self.worker
+                await w
             except asyncio.CancelledError:
                 pass
-            self.worker = None
+        self.workers = []
 
     async def submit(self, item):
-        if self.worker is None:
+        if not self.workers:
             await self.start()
         fut = asyncio.get_running_loop().create_future()
         await self.queue.put((item, fut))

@@ -34,6 +34,10 @@ def parse(argv=None) -> argparse.Namespace:
     r.add_argument("--port", type=int, default=8000)
     r.add_argument("--k-prime", type=int, default=100, help="first-stage candidates re-ranked geometrically")
     r.add_argument("--torch-threads", type=int, default=1, help="torch / FAISS threads (1 = steady latency)")
+    r.add_argument("--batch-wait-ms", type=float, default=None, help="how long a micro-batch waits for more "
+                   "queries after its first (default: Limits.batch_wait_ms)")
+    r.add_argument("--batch-workers", type=int, default=None, help="micro-batches in flight at once "
+                   "(default: Limits.batch_workers)")
     return p.parse_args(argv)
 
 
@@ -76,7 +80,9 @@ def run(args) -> int:
 
     torch.set_num_threads(args.torch_threads)
     faiss.omp_set_num_threads(args.torch_threads)
-    app = create_app(args.index, ckpt=args.ckpt, limits=Limits(k_prime=args.k_prime))
+    given = {"batch_wait_ms": args.batch_wait_ms, "batch_workers": args.batch_workers}
+    limits = Limits(k_prime=args.k_prime, **{k: v for k, v in given.items() if v is not None})
+    app = create_app(args.index, ckpt=args.ckpt, limits=limits)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0
 

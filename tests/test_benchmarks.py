@@ -17,3 +17,17 @@ def test_score_memory_prints_side_by_side_and_skips_naive_past_the_limit(tmp_pat
     rows = json.loads(out.read_text())
     assert rows[0]["naive"] is not None and rows[1]["naive"] is None  # 64² pairs pass the toy limit
     assert all(r["chunked"]["extra_bytes"] >= 0 for r in rows)
+
+
+def test_load_search_reports_both_clients_without_errors(tmp_path):
+    """Toy gallery, 1 and 2 clients, a few requests: the light raw client and httpx both parse every reply."""
+    for client in ("raw", "httpx"):
+        out = tmp_path / f"{client}.json"
+        args = [sys.executable, "benchmarks/load_search.py", "--count", "300", "--clients", "1", "2", "--seconds", "2",
+                "--max-requests", "12", "--workdir", str(tmp_path / "work"), "--client", client, "--json", str(out)]
+        res = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+        rows = json.loads(out.read_text())
+        assert [(r["rerank"], r["clients"]) for r in rows] == [(False, 1), (False, 2), (True, 1), (True, 2)]
+        assert all(r["errors"] == 0 and r["requests"] == 12 and r["p99_ms"] >= r["p50_ms"] > 0 for r in rows)
+        assert f"({client} client)" in res.stdout

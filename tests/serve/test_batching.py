@@ -45,3 +45,31 @@ def test_an_encode_error_reaches_the_waiters_and_the_worker_survives():
         return ok
 
     assert asyncio.run(main()) == "fine"
+
+
+def test_two_workers_run_two_batches_at_once():
+    """While one batch is in its thread, the second worker gathers and runs the next one in parallel."""
+    running, overlap = [0], [0]
+    lock = threading.Lock()
+
+    def slow(items):
+        with lock:
+            running[0] += 1
+            overlap[0] = max(overlap[0], running[0])
+        threading.Event().wait(0.2)
+        with lock:
+            running[0] -= 1
+        return [i * 10 for i in items]
+
+    async def main(workers):
+        b = MicroBatcher(slow, max_batch=2, max_wait_ms=1, workers=workers)
+        await b.start()
+        out = await asyncio.gather(*(b.submit(i) for i in range(4)))
+        await b.stop()
+        return out
+
+    assert asyncio.run(main(2)) == [0, 10, 20, 30] and overlap[0] == 2
+    overlap[0] = 0
+    assert asyncio.run(main(1)) == [0, 10, 20, 30] and overlap[0] == 1
+    with pytest.raises(ValueError, match="workers must be at least 1"):
+        MicroBatcher(slow, workers=0)
