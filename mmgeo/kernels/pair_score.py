@@ -140,8 +140,9 @@ def pair_score_grouped(q, q_mask, u, k, k_mask, v, scale: float | None = None,
     -> (G, C) scores, C = max(Ct, Ci): the numbers ``pair_score`` gives for those pairs (up to rounding),
     G·C pairs of work instead of G·(G·C). The candidates' tokens are laid side by side, so each (group,
     head) is two GEMMs — <q_t, k_j> and <u_t, v_j> over all C·S of them — instead of C small ones, and
-    Σ_j a_tj <u_t, v_j> a weighted sum. A lone caption is trimmed to its own length (no padding work);
-    groups of captions are taken so that at most ``chunk_elements`` weights are alive at once.
+    Σ_j a_tj <u_t, v_j> a weighted sum. A lone caption is trimmed to its own length (no padding work) and
+    its candidates taken in slices, groups of captions so many at a time, that at most ``chunk_elements``
+    weights are alive at once.
     Inference only (no autograd); plain PyTorch on any device.
     """
     (G, ct, H, T, da), (gk, ci, hk, S, dak) = q.shape, k.shape
@@ -150,14 +151,18 @@ def pair_score_grouped(q, q_mask, u, k, k_mask, v, scale: float | None = None,
                          "d_a) with one G, H, d_a, and Ct == 1 or Ci == 1")
     scale = scale or da ** -0.5
     ends = (q_mask.any(1) * torch.arange(1, T + 1, device=q_mask.device)).amax(1).tolist()  # (G,) last real + 1
-    if ct == 1:  # one caption per group: each at its own length
-        spans = [(a, a + 1) for a in range(G)]
-    else:
-        per_group = max(1, chunk_elements // (ct * H * T * S))
-        spans = [(a, min(a + per_group, G)) for a in range(0, G, per_group)]
+    if ct == 1:  # one caption per group, at its own length; its candidates in slices under the bound
+        rows = []
+        for a, t in enumerate(ends):
+            step = max(1, chunk_elements // (H * t * S))
+            rows.append(torch.cat([_grouped_block(q[a:a + 1, :, :, :t], q_mask[a:a + 1, :, :t], u[a:a + 1, :, :, :t],
+                                                  k[a:a + 1, c:c + step], k_mask[a:a + 1, c:c + step],
+                                                  v[a:a + 1, c:c + step], scale) for c in range(0, ci, step)], 1))
+        return torch.cat(rows)
+    per_group = max(1, chunk_elements // (ct * H * T * S))
     out = []
-    for a, b in spans:
-        t = max(ends[a:b])
+    for a in range(0, G, per_group):
+        b, t = a + per_group, max(ends[a:a + per_group])
         out.append(_grouped_block(q[a:b, :, :, :t], q_mask[a:b, :, :t], u[a:b, :, :, :t], k[a:b], k_mask[a:b],
                                   v[a:b], scale))
     return torch.cat(out)

@@ -121,3 +121,21 @@ def test_resume_refuses_another_data_order(runs):
     ckpt = train_app.latest_checkpoint(runs["out"] / "killed")
     with pytest.raises(ValueError, match="cannot resume this data order"):
         train_app.main(_args(runs["out"], "other", "--trainer.seed", "1", "--resume", str(ckpt)))
+
+
+def test_resume_at_an_epoch_boundary(tmp_path):
+    """A checkpoint written on the last step of an epoch resumes into the next epoch's order."""
+    import shutil
+
+    args = lambda name, *x: _args(tmp_path, name, "--trainer.max_steps", "12", "--trainer.checkpoint_every_n_steps",  # noqa: E731
+                                  "4", "--data.num_workers", "0", *x)
+    train_app.main(args("straight"))
+    boundary = tmp_path / "straight" / "checkpoints" / "step=000008.ckpt"  # 8 steps per epoch
+    assert boundary.is_file()
+    shutil.copy(boundary, tmp_path / "boundary.ckpt")
+    train_app.main(args("resumed", "--resume", str(tmp_path / "boundary.ckpt")))
+    a, b = (torch.load(tmp_path / n / "model.pt", weights_only=True)["state_dict"] for n in ("straight", "resumed"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    samples = train_app.read_samples(tmp_path / "resumed" / "samples.tsv")
+    assert sorted(samples) == list(range(8, 12)) and {e for e, _ in samples.values()} == {1}
+    assert samples == {s: v for s, v in train_app.read_samples(tmp_path / "straight" / "samples.tsv").items() if s >= 8}
