@@ -231,17 +231,21 @@ class RunCSVLogger(L.pytorch.loggers.CSVLogger):
 
     @property
     def experiment(self):
-        if self._experiment is not None or self.resume_step is None:
-            return super().experiment
-        old = Path(self.log_dir) / "metrics.csv"
-        rows = []
-        if old.is_file():
+        if self._experiment is not None or L.pytorch.utilities.rank_zero_only.rank != 0:
+            return super().experiment  # other ranks get Lightning's no-op stand-in
+        old, rows = Path(self.log_dir) / "metrics.csv", []
+        if old.is_file() and self.resume_step is not None:
             import csv
 
             with open(old, newline="") as f:
                 rows = [{k: v for k, v in r.items() if v != ""} for r in csv.DictReader(f)
                         if r.get("step", "") != "" and int(float(r["step"])) < self.resume_step]
-        writer = super().experiment  # removes the old file
+        elif old.is_file():
+            warnings.warn(f"{old} of an earlier run is replaced by this run's (pass --resume to continue that "
+                          "run instead)", stacklevel=1)
+        with warnings.catch_warnings():  # Lightning's "log files ... will be deleted": said above, or not true
+            warnings.filterwarnings("ignore", message="Experiment logs directory")
+            writer = super().experiment  # removes the old file
         writer.metrics[:0] = rows
         return writer
 
