@@ -29,7 +29,7 @@ from torch.utils.data import DataLoader, Dataset
 from mmgeo.checkpoint import model_record, save_model
 from mmgeo.config import load_config, to_dict
 from mmgeo.data import MAX_PIXELS, build_dataset
-from mmgeo.data.sampler import ResumableBatchSampler
+from mmgeo.data.sampler import ResumableBatchSampler, SampleLog
 from mmgeo.diagnostics import diagnose, nonfinite_cause, orthogonality_penalty, qk_weights, scalars
 from mmgeo.distributed import all_gather_no_grad, all_reduce_any, rank_and_world
 from mmgeo.losses import contrastive_loss
@@ -257,29 +257,6 @@ def step_seed(seed: int, step: int, rank: int) -> int:
 
 class NonFiniteTraining(RuntimeError):
     """``trainer.max_nonfinite_steps`` non-finite steps in a row; the message names the likely cause."""
-
-
-class SampleLog:
-    """samples.tsv: one line per step, ``step<TAB>epoch<TAB>i,j,...`` (global batch, rank order), written by
-    rank 0 and flushed at once so that a killed run keeps every line. A resumed run appends: a step
-    redone after a crash appears twice, the later line is the one that counted."""
-
-    def __init__(self, path: Path):
-        self.path = path
-
-    def write(self, step: int, epoch: int, index: torch.Tensor) -> None:
-        if rank_and_world()[0] == 0:
-            with open(self.path, "a") as f:
-                f.write(f"{step}\t{epoch}\t{','.join(map(str, index.tolist()))}\n")
-
-
-def read_samples(path: str | os.PathLike) -> dict[int, tuple[int, list[int]]]:
-    """samples.tsv -> {step: (epoch, items)}, the last line of each step winning (see SampleLog)."""
-    out = {}
-    for line in Path(path).read_text().splitlines():
-        step, epoch, items = line.split("\t")
-        out[int(step)] = (int(epoch), [int(i) for i in items.split(",")])
-    return out
 
 
 class RetrievalModule(L.LightningModule):

@@ -12,7 +12,11 @@ caption) and the training step checks ``step`` against its own counter.
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import numpy as np
+import torch
 from torch.utils.data import Sampler
 
 
@@ -85,3 +89,28 @@ class ResumableBatchSampler(Sampler):
             raise ValueError(f"cannot resume this data order: the checkpoint was written with {theirs}, this run has "
                              f"{mine}; resume with the run's own config (runs/<name>/config.yaml)")
         self.epoch, self._resume_step = state["epoch"], state["step"]
+
+
+class SampleLog:
+    """samples.tsv: one line per step, ``step<TAB>epoch<TAB>i,j,...`` (global batch, rank order), written by
+    rank 0 and flushed at once so that a killed run keeps every line. A resumed run appends: a step
+    redone after a crash appears twice, the later line is the one that counted."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def write(self, step: int, epoch: int, index: torch.Tensor) -> None:
+        from mmgeo.distributed import rank_and_world
+
+        if rank_and_world()[0] == 0:
+            with open(self.path, "a") as f:
+                f.write(f"{step}\t{epoch}\t{','.join(map(str, index.tolist()))}\n")
+
+
+def read_samples(path: str | os.PathLike) -> dict[int, tuple[int, list[int]]]:
+    """samples.tsv -> {step: (epoch, items)}, the last line of each step winning (see SampleLog)."""
+    out = {}
+    for line in Path(path).read_text().splitlines():
+        step, epoch, items = line.split("\t")
+        out[int(step)] = (int(epoch), [int(i) for i in items.split(",")])
+    return out

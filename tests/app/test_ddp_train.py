@@ -13,7 +13,7 @@ import csv
 
 import pytest
 
-import train as train_app
+from mmgeo.data.sampler import read_samples
 from tests.app.test_resume import _args, _finish, _run
 
 STEPS = 6
@@ -41,7 +41,7 @@ def runs(tmp_path_factory):
 def test_ddp_follows_single_process(runs, name):
     out, logs = runs
     assert "trained 6 steps" in logs[name]
-    assert train_app.read_samples(out / name / "samples.tsv") == train_app.read_samples(out / "single" / "samples.tsv")
+    assert read_samples(out / name / "samples.tsv") == read_samples(out / "single" / "samples.tsv")
     a, b = _losses(out / "single"), _losses(out / name)
     assert sorted(a) == sorted(b) == list(range(STEPS))
     for step in a:

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import train as train_app
+from mmgeo.data.sampler import read_samples
 from tests.conftest import TINY
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -89,8 +90,8 @@ def test_resumed_weights_equal_uninterrupted(runs):
 
 
 def test_same_samples_none_repeated_or_skipped(runs):
-    a = train_app.read_samples(runs["out"] / "straight" / "samples.tsv")
-    b = train_app.read_samples(runs["out"] / "killed" / "samples.tsv")
+    a = read_samples(runs["out"] / "straight" / "samples.tsv")
+    b = read_samples(runs["out"] / "killed" / "samples.tsv")
     assert sorted(a) == sorted(b) == list(range(STEPS))
     assert a == b
     epochs = {}
@@ -136,6 +137,6 @@ def test_resume_at_an_epoch_boundary(tmp_path):
     train_app.main(args("resumed", "--resume", str(tmp_path / "boundary.ckpt")))
     a, b = (torch.load(tmp_path / n / "model.pt", weights_only=True)["state_dict"] for n in ("straight", "resumed"))
     assert all(torch.equal(a[k], b[k]) for k in a)
-    samples = train_app.read_samples(tmp_path / "resumed" / "samples.tsv")
+    samples = read_samples(tmp_path / "resumed" / "samples.tsv")
     assert sorted(samples) == list(range(8, 12)) and {e for e, _ in samples.values()} == {1}
-    assert samples == {s: v for s, v in train_app.read_samples(tmp_path / "straight" / "samples.tsv").items() if s >= 8}
+    assert samples == {s: v for s, v in read_samples(tmp_path / "straight" / "samples.tsv").items() if s >= 8}
