@@ -401,32 +401,29 @@ def search_texts(model, gallery: Gallery, texts, ks, reranks, k_prime: int = 100
     """Two-stage search for a batch of encoded captions -> one (ids (k,), scores (k,)) per caption, best first.
 
     One FAISS search for the batch over the global vectors (top ``max(k, k_prime)`` for a re-ranked query,
-    top ``k`` otherwise); the re-ranked queries' candidates are then gathered in one read (fp16 on disk,
-    fp32 here) and re-scored by the geometric score in batched GEMMs (``pair_score_grouped``): each query
-    against its own K' candidates, the numbers ``model.score`` gives for those pairs.
+    top ``k`` otherwise); the re-ranked queries' candidates are read in one go (fp16 on disk, fp32 here)
+    and each query's K' are re-scored by the model's geometric score against their stored keys/values.
     """
-    from mmgeo.kernels import pair_score_grouped
+    from mmgeo.models import Embedding
 
-    B = len(texts)
     want = [min(max(k, k_prime) if r else k, gallery.count) for k, r in zip(ks, reranks)]  # per query
     q = np.ascontiguousarray(texts.pooled.float().cpu().numpy())  # (B, d_g)
     g_scores, ids = gallery.index.search(q, max(want))  # (B, W); HNSW / IVF may pad with -1
     valid = (ids >= 0) & (np.arange(ids.shape[1])[None] < np.asarray(want)[:, None])  # (B, W)
-    out: list = [None] * B
-    rows = [i for i in range(B) if reranks[i] and valid[i].any()]
-    for i in (i for i in range(B) if i not in rows):
-        out[i] = ids[i][valid[i]][:ks[i]], g_scores[i][valid[i]][:ks[i]]
-    if rows:
-        cand = np.where(valid[rows], ids[rows], ids[rows][:, :1])  # (R, W): padding -> a real id, masked below
-        keys, values, mask = gallery.candidates(cand.ravel())  # (R·W, H, L, d_a), (R·W, H, L, d_e), (R·W, L)
-        R, W = cand.shape
-        t = texts[rows].to("cpu")
-        s = pair_score_grouped(t.attn[:, None], t.mask[:, None], t.value[:, None], keys.view(R, W, *keys.shape[1:]),
-                               mask.view(R, W, -1), values.view(R, W, *values.shape[1:])).numpy()  # (R, W)
-        s = np.where(valid[rows], s, -np.inf)
-        for r, i in enumerate(rows):
-            order = np.argsort(-s[r], kind="stable")[:min(ks[i], int(valid[i].sum()))]
-            out[i] = cand[r][order], s[r][order]
+    rows = [i for i in range(len(ks)) if reranks[i] and valid[i].any()]
+    out = [(ids[i][valid[i]][:ks[i]], g_scores[i][valid[i]][:ks[i]]) for i in range(len(ks))]
+    if not rows:
+        return out
+    cand = [ids[i][valid[i]] for i in rows]  # each (K'_i,)
+    keys, values, mask = gallery.candidates(np.concatenate(cand))  # (ΣK', H, L, d_a), (ΣK', H, L, d_e), (ΣK', L)
+    texts, start = texts.to("cpu"), 0
+    for i, c in zip(rows, cand):
+        part = slice(start, start + len(c))
+        start += len(c)
+        s = model.score(texts[i:i + 1], Embedding(torch.zeros(len(c), 1), keys[part], values[part], mask[part]))
+        s = s[0].float().numpy()  # (K'_i,) geometric
+        order = np.argsort(-s, kind="stable")[:ks[i]]
+        out[i] = c[order], s[order]
     return out
 
 

@@ -50,32 +50,20 @@ def exact_scores(model: GeoRetriever, texts: Embedding, images: Embedding, mode:
     return torch.cat(out)
 
 
-def _groups(e: Embedding, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(attn, mask, value) of ``e`` viewed as n groups: (n, N/n, H, L, d), (n, N/n, L), (n, N/n, H, L, d_e)."""
-    return (e.attn.view(n, -1, *e.attn.shape[1:]), e.mask.view(n, -1, e.mask.shape[-1]),
-            e.value.view(n, -1, *e.value.shape[1:]))
-
-
 @torch.inference_mode()
 def rerank(model: GeoRetriever, queries: Embedding, gallery: Embedding, k_prime: int, queries_are_text: bool,
-           progress: bool = True, gather_elements: int = 1 << 25) -> tuple[torch.Tensor, torch.Tensor]:
+           progress: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """Two-stage scores of each query against the gallery -> (scores (N_q, N_g), candidate ids (N_q, K')).
 
     Candidates (FAISS top-K' by global score) get ``geometric + CANDIDATE_OFFSET``; the rest keep
-    their global score. Queries are re-ranked in batches (``pair_score_grouped``: each query against its
-    own candidates), as many as keep the gathered candidates under ``gather_elements`` numbers.
+    their global score.
     """
-    from mmgeo.kernels import pair_score_grouped
-
     _, cand = search(build_flat_index(gallery.pooled), queries.pooled, k_prime)  # (N_q, K')
     scores = queries.pooled.float().cpu() @ gallery.pooled.float().cpu().T  # (N_q, N_g) first stage
-    per_item = gallery.attn[0].numel() + gallery.value[0].numel()
-    step = max(1, gather_elements // (cand.shape[1] * per_item))
-    for a in tqdm(range(0, len(queries), step), desc="re-rank", disable=not progress):
-        q, c = queries[a:a + step], cand[a:a + step]  # (b,) queries, (b, K') candidate ids
-        g, q = _groups(gallery[c.reshape(-1)], len(c)), _groups(q, len(c))  # (b, K', ...), (b, 1, ...)
-        s = pair_score_grouped(*q, *g) if queries_are_text else pair_score_grouped(*g, *q)  # (b, K')
-        scores[a:a + step].scatter_(1, c, s.float().cpu() + CANDIDATE_OFFSET)
+    for i in tqdm(range(len(queries)), desc="re-rank", disable=not progress):
+        q, g = queries[i:i + 1], gallery[cand[i]]
+        s = model.score(q, g) if queries_are_text else model.score(g, q).T  # (1, K')
+        scores[i, cand[i]] = s[0].float().cpu() + CANDIDATE_OFFSET
     return scores, cand
 
 

@@ -5,7 +5,6 @@ Importing this package never imports triton; the kernels load on first use.
 """
 
 from mmgeo.kernels.geo_attention import geo_attention, geo_attention_reference
-from mmgeo.kernels.pair_score import pair_score, pair_score_grouped, pair_score_naive, pair_score_reference
+from mmgeo.kernels.pair_score import pair_score, pair_score_naive, pair_score_reference
 
-__all__ = ["geo_attention", "geo_attention_reference", "pair_score", "pair_score_grouped", "pair_score_naive",
-           "pair_score_reference"]
+__all__ = ["geo_attention", "geo_attention_reference", "pair_score", "pair_score_naive", "pair_score_reference"]

@@ -113,61 +113,6 @@ def pair_score_reference(q, q_mask, u, k, k_mask, v, scale: float | None = None,
     return out[torch.argsort(order)]
 
 
-def _grouped_block(q, q_mask, u, k, k_mask, v, scale: float) -> torch.Tensor:
-    """``pair_score_grouped`` of a slice of groups: (g, C). The candidates' tokens side by side: two GEMMs."""
-    (g, ct, H, T, _), (_, ci, _, S, _) = q.shape, k.shape
-    acc = torch.promote_types(q.dtype, torch.float32)
-    side = lambda x: x.to(acc).permute(0, 2, 1, 3, 4).flatten(2, 3)  # noqa: E731  (g, n, H, L, d) -> (g, H, n·L, d)
-    logits = (side(q) * scale) @ side(k).transpose(-1, -2)  # (g, H, Ct·T, Ci·S): <q_t, k_j>
-    uv = side(u) @ side(v).transpose(-1, -2)  # (g, H, Ct·T, Ci·S): <u_t, v_j>
-    logits, uv = logits.view(g, H, ct * T, ci, S), uv.view(g, H, ct * T, ci, S)
-    if not bool(k_mask.all()):
-        logits = logits.masked_fill(~k_mask[:, None, None, :, :], float("-inf"))
-    per_token = (logits.softmax(dim=-1) * uv).sum(dim=-1).view(g, H, ct, T, ci)  # Σ_j a_tj <u_t, v_j>
-    m = q_mask.to(acc)  # (g, Ct, T)
-    w = m / m.sum(dim=-1, keepdim=True)  # 1/n on real tokens
-    return torch.einsum("ghctk,gct->gck", per_token, w).flatten(1) / H  # (g, C)
-
-
-@torch.inference_mode()
-def pair_score_grouped(q, q_mask, u, k, k_mask, v, scale: float | None = None,
-                       chunk_elements: int = DEFAULT_CHUNK_ELEMENTS) -> torch.Tensor:
-    """Each query against its own candidates — the re-rank of two-stage retrieval — in large GEMMs.
-
-    Group g pairs caption(s) q[g] with image(s) k[g]; one side holds a single item per group:
-    q (G, Ct, H, T, d_a), q_mask (G, Ct, T), u (G, Ct, H, T, d_e); k (G, Ci, H, S, d_a), k_mask (G, Ci, S),
-    v (G, Ci, H, S, d_e); Ct == 1 (a caption against Ci images) or Ci == 1 (an image against Ct captions).
-    -> (G, C) scores, C = max(Ct, Ci): the numbers ``pair_score`` gives for those pairs (up to rounding),
-    G·C pairs of work instead of G·(G·C). The candidates' tokens are laid side by side, so each (group,
-    head) is two GEMMs — <q_t, k_j> and <u_t, v_j> over all C·S of them — instead of C small ones, and
-    Σ_j a_tj <u_t, v_j> a weighted sum. A lone caption is trimmed to its own length (no padding work) and
-    its candidates taken in slices, groups of captions so many at a time, that at most ``chunk_elements``
-    weights are alive at once.
-    Inference only (no autograd); plain PyTorch on any device.
-    """
-    (G, ct, H, T, da), (gk, ci, hk, S, dak) = q.shape, k.shape
-    if G != gk or H != hk or da != dak or min(ct, ci) != 1:
-        raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} must be (G, Ct, H, T, d_a) and (G, Ci, H, S, "
-                         "d_a) with one G, H, d_a, and Ct == 1 or Ci == 1")
-    scale = scale or da ** -0.5
-    ends = (q_mask.any(1) * torch.arange(1, T + 1, device=q_mask.device)).amax(1).tolist()  # (G,) last real + 1
-    if ct == 1:  # one caption per group, at its own length; its candidates in slices under the bound
-        rows = []
-        for a, t in enumerate(ends):
-            step = max(1, chunk_elements // (H * t * S))
-            rows.append(torch.cat([_grouped_block(q[a:a + 1, :, :, :t], q_mask[a:a + 1, :, :t], u[a:a + 1, :, :, :t],
-                                                  k[a:a + 1, c:c + step], k_mask[a:a + 1, c:c + step],
-                                                  v[a:a + 1, c:c + step], scale) for c in range(0, ci, step)], 1))
-        return torch.cat(rows)
-    per_group = max(1, chunk_elements // (ct * H * T * S))
-    out = []
-    for a in range(0, G, per_group):
-        b, t = a + per_group, max(ends[a:a + per_group])
-        out.append(_grouped_block(q[a:b, :, :, :t], q_mask[a:b, :, :t], u[a:b, :, :, :t], k[a:b], k_mask[a:b],
-                                  v[a:b], scale))
-    return torch.cat(out)
-
-
 # Triton kernels and their launchers: mmgeo/kernels/_pair_score_triton.py (imports triton; loaded lazily).
 
 

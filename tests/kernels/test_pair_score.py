@@ -3,7 +3,7 @@ import importlib
 import pytest
 import torch
 
-from mmgeo.kernels import pair_score, pair_score_grouped, pair_score_naive, pair_score_reference
+from mmgeo.kernels import pair_score, pair_score_naive, pair_score_reference
 
 ps_module = importlib.import_module("mmgeo.kernels.pair_score")
 
@@ -103,20 +103,3 @@ def test_errors_name_the_shapes():
     empty[0] = False
     with pytest.raises(ValueError, match="at least one real token"):
         pair_score(q, empty, u, k, km, v)
-
-
-@pytest.mark.parametrize("chunk", [1 << 26, 1])
-def test_grouped_equals_pair_score_on_each_group(chunk):
-    """Re-rank layout: captions vs their own candidate images, and images vs their own candidate captions."""
-    q, q_mask, u, k, k_mask, v = _inputs(bt=6, bi=20, dtype=torch.float32)
-    full = pair_score_reference(q, q_mask, u, k, k_mask, v)  # (6, 20) every pair
-    cand = torch.stack([torch.randperm(20, generator=torch.Generator().manual_seed(i))[:5] for i in range(6)])  # (6, 5)
-    t2i = pair_score_grouped(q[:, None], q_mask[:, None], u[:, None], k[cand], k_mask[cand], v[cand],
-                             chunk_elements=chunk)  # (6, 5): caption g vs images cand[g]
-    torch.testing.assert_close(t2i, full.gather(1, cand), rtol=1e-5, atol=1e-6)
-    tc = torch.stack([torch.randperm(6, generator=torch.Generator().manual_seed(9 + j))[:4] for j in range(20)])
-    i2t = pair_score_grouped(q[tc], q_mask[tc], u[tc], k[:, None], k_mask[:, None], v[:, None],
-                             chunk_elements=chunk)  # (20, 4): image j vs captions tc[j]
-    torch.testing.assert_close(i2t, full.T.gather(1, tc), rtol=1e-5, atol=1e-6)
-    with pytest.raises(ValueError, match="Ct == 1 or Ci == 1"):
-        pair_score_grouped(q[tc], q_mask[tc], u[tc], k[tc], k_mask[tc], v[tc])
