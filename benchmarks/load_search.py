@@ -17,6 +17,7 @@ import argparse
 import asyncio
 import json
 import os
+import shlex
 import socket
 import subprocess
 import sys
@@ -170,6 +171,7 @@ def main(argv=None) -> int:
     p.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "mmgeo-load-bench"))
     p.add_argument("--client", default="raw", choices=["raw", "httpx"],
                    help="load generator: raw = minimal keep-alive HTTP/1.1 on asyncio streams (light), httpx")
+    p.add_argument("--server-args", default="", help="extra `python -m serve run` options, e.g. '--workers 2'")
     p.add_argument("--json", default=None, help="also write the rows here")
     args = p.parse_args(argv)
 
@@ -177,7 +179,7 @@ def main(argv=None) -> int:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     server = subprocess.Popen([sys.executable, "-m", "serve", "run", "--index", str(index), "--host", "127.0.0.1",
-                               "--port", str(port)], cwd=ROOT)
+                               "--port", str(port), *shlex.split(args.server_args)], cwd=ROOT)
     rows = []
     try:
         import httpx

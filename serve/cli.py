@@ -38,6 +38,8 @@ def parse(argv=None) -> argparse.Namespace:
                    "queries after its first (default: Limits.batch_wait_ms)")
     r.add_argument("--batch-workers", type=int, default=None, help="micro-batches in flight at once "
                    "(default: Limits.batch_workers)")
+    r.add_argument("--workers", type=int, default=1, help="server processes behind the port (uvicorn workers; each "
+                   "loads the model and index, the keys/values files are memory-mapped and shared)")
     return p.parse_args(argv)
 
 
@@ -71,19 +73,47 @@ def build(args) -> int:
     return 0
 
 
-def run(args) -> int:
+SETTINGS_ENV = "MMGEO_SERVE_SETTINGS"
+
+
+def _app(settings: dict):
+    """The app of one server process, from the ``run`` settings (threads set first)."""
     import faiss
     import torch
-    import uvicorn
 
     from serve.app import Limits, create_app
 
-    torch.set_num_threads(args.torch_threads)
-    faiss.omp_set_num_threads(args.torch_threads)
-    given = {"batch_wait_ms": args.batch_wait_ms, "batch_workers": args.batch_workers}
-    limits = Limits(k_prime=args.k_prime, **{k: v for k, v in given.items() if v is not None})
-    app = create_app(args.index, ckpt=args.ckpt, limits=limits)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    torch.set_num_threads(settings["torch_threads"])
+    faiss.omp_set_num_threads(settings["torch_threads"])
+    given = {k: settings[k] for k in ("batch_wait_ms", "batch_workers") if settings[k] is not None}
+    return create_app(settings["index"], ckpt=settings["ckpt"], limits=Limits(k_prime=settings["k_prime"], **given))
+
+
+def app_from_env():
+    """uvicorn factory for ``--workers`` > 1: each worker process builds its app from the settings env var."""
+    import json
+    import os
+
+    return _app(json.loads(os.environ[SETTINGS_ENV]))
+
+
+def run(args) -> int:
+    import json
+    import os
+
+    import uvicorn
+
+    if args.workers < 1:
+        raise ValueError(f"--workers must be at least 1, got {args.workers}")
+    settings = {k: getattr(args, k) for k in ("index", "ckpt", "k_prime", "batch_wait_ms", "batch_workers",
+                                                "torch_threads")}
+    app = _app(settings)  # in this process too: a bad index or checkpoint fails here, with its message
+    if args.workers == 1:
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+        return 0
+    os.environ[SETTINGS_ENV] = json.dumps(settings)
+    uvicorn.run("serve.cli:app_from_env", factory=True, workers=args.workers, host=args.host, port=args.port,
+                log_level="warning")
     return 0
 
 

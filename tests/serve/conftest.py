@@ -1,5 +1,13 @@
-"""Shared fixtures: a tiny model, an index of synthetic images, an index of a folder with a corrupt file."""
+"""Shared fixtures: a tiny model, an index of synthetic images, an index of a folder with a corrupt file;
+``running_server`` starts ``python -m serve run`` in a subprocess."""
 
+import contextlib
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -49,3 +57,31 @@ def _single_thread_faiss():
     faiss.omp_set_num_threads(1)
     yield
     faiss.omp_set_num_threads(before)
+
+
+@contextlib.contextmanager
+def running_server(index, *args: str, timeout: float = 60):
+    """``python -m serve run --index INDEX *args`` on a free loopback port -> its URL; stopped afterwards."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "serve", "run", "--index", str(index), "--port", str(port), *args],
+                            cwd=Path(__file__).resolve().parents[2], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + timeout
+    try:
+        while True:
+            try:
+                urllib.request.urlopen(url + "/health", timeout=1)
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    proc.kill()
+                    raise RuntimeError(f"server did not start: {proc.stderr.read().decode()[-2000:]}") from None
+                time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()

@@ -6,16 +6,15 @@ The screenshot is kept under ``$MMGEO_TEST_ARTIFACTS`` (default: the test's tmp 
 
 import os
 import shutil
-import socket
 import subprocess
-import sys
 import tempfile
-import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
 
 import pytest
+
+from tests.serve.conftest import running_server
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None)
@@ -27,31 +26,10 @@ pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium)")]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(serve_env):
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "serve", "run", "--index", str(serve_env.idx), "--port", str(port)],
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            urllib.request.urlopen(url + "/health", timeout=1)
-            break
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                pytest.fail(f"server did not start: {proc.stderr.read().decode()[-2000:]}")
-            time.sleep(0.2)
-    yield url
-    proc.terminate()
-    proc.wait(10)
+    with running_server(serve_env.idx) as url:
+        yield url
 
 
 def chromium(*args, timeout=60) -> subprocess.CompletedProcess:

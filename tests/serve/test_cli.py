@@ -1,0 +1,31 @@
+"""``python -m serve run`` as users start it: one process, and several uvicorn workers behind one port."""
+
+import json
+import urllib.request
+
+import pytest
+
+from tests.serve.conftest import running_server
+
+
+def _search(url: str, text: str) -> dict:
+    req = urllib.request.Request(url + "/search", data=json.dumps({"text": text, "k": 3}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.loads(r.read())
+
+
+@pytest.mark.slow
+def test_two_worker_processes_serve_the_same_results(serve_env):
+    with running_server(serve_env.idx) as one:
+        want = [_search(one, t)["results"] for t in ("a red circle", "two blue squares")]
+    with running_server(serve_env.idx, "--workers", "2", "--batch-workers", "1") as two:
+        for _ in range(3):  # requests spread over both processes
+            assert [_search(two, t)["results"] for t in ("a red circle", "two blue squares")] == want
+
+
+def test_bad_workers_count_is_refused(serve_env, capsys):
+    from serve.cli import main
+
+    assert main(["run", "--index", str(serve_env.idx), "--workers", "0"]) == 2
+    assert "--workers must be at least 1" in capsys.readouterr().err
