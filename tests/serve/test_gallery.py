@@ -5,6 +5,7 @@ import shutil
 
 import numpy as np
 import pytest
+import torch
 
 from mmgeo.gallery import (
     Gallery,
@@ -202,3 +203,22 @@ def test_sharded_gallery_load_errors(sharded_pair, tmp_path):
     (flat_missing / "global.faiss").unlink()
     with pytest.raises(GalleryError, match=r"missing \['global.faiss'\]"):
         Gallery(flat_missing)
+
+
+def test_rerank_scores_are_the_models_geometric_scores(tiny_model):
+    """The serving re-rank (head-major GEMMs over all candidates) gives model.score's numbers, padding included."""
+    from mmgeo.gallery import rerank_scores
+    from mmgeo.models import Embedding
+
+    g = torch.Generator().manual_seed(0)
+    text = tiny_model.encode_text(["a red circle", "a small blue square on the left of a big green triangle"])
+    K, H, S = 7, tiny_model.cfg.num_heads, 16
+    keys = torch.randn(K, H, S, tiny_model.cfg.d_a, generator=g)
+    values = torch.nn.functional.normalize(torch.randn(K, H, S, tiny_model.cfg.d_e, generator=g), dim=-1)
+    mask = torch.ones(K, S, dtype=torch.bool)
+    mask[2, 10:] = False  # an image with padding patches
+    want = tiny_model.score(text, Embedding(torch.zeros(K, 1), keys, values, mask))  # (2, K)
+    for i in range(2):  # caption 0 is padded in the batch, caption 1 is not
+        got = rerank_scores(text.attn[i], text.mask[i], text.value[i], keys.transpose(0, 1).contiguous(),
+                            values.transpose(0, 1).contiguous(), mask)
+        torch.testing.assert_close(got, want[i], rtol=1e-5, atol=1e-6)
