@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import sys
-import tempfile
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -26,7 +24,7 @@ import torch
 import yaml
 from torch.utils.data import DataLoader, Dataset
 
-from mmgeo.checkpoint import model_record, save_model
+from mmgeo.checkpoint import atomic_path, model_record, save_model
 from mmgeo.config import load_config, to_dict
 from mmgeo.data import MAX_PIXELS, build_dataset
 from mmgeo.data.sampler import ResumableBatchSampler, SampleLog
@@ -205,17 +203,8 @@ class AtomicCheckpointIO(L.pytorch.plugins.TorchCheckpointIO):
     file intact, never a truncated one. Read back with ``weights_only=True`` (no code is unpickled)."""
 
     def save_checkpoint(self, checkpoint, path, storage_options=None):
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp", delete=False) as f:
-            try:
-                torch.save(checkpoint, f)
-                f.flush()
-                os.fsync(f.fileno())
-            except BaseException:
-                os.unlink(f.name)
-                raise
-        os.replace(f.name, path)
+        with atomic_path(path) as tmp:
+            torch.save(checkpoint, tmp)
 
     def load_checkpoint(self, path, map_location=None, weights_only=None):
         return torch.load(path, map_location=map_location or "cpu", weights_only=True)

@@ -15,6 +15,7 @@ raises a ValueError saying how to convert the file.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -38,16 +39,31 @@ def model_record(model: GeoRetriever) -> dict:
     return {"format": FORMAT, "version": VERSION, "config": dataclasses.asdict(model.cfg)}
 
 
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike):
+    """Yield a temp path next to ``path``; once the block has written it, fsync and rename it onto ``path``.
+    A crash or kill mid-write leaves ``path`` as it was (never truncated); an error removes the temp file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        yield tmp
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 def save_model(model: GeoRetriever, path: str | os.PathLike, state_dict: dict | None = None) -> Path:
-    """Write config + weights atomically (temp file, then rename): safetensors when ``path`` ends with
+    """Write config + weights atomically (``atomic_path``): safetensors when ``path`` ends with
     ``.safetensors``, else torch's format (read back with ``weights_only=True``). ``state_dict``: the
     weights to write instead of ``model.state_dict()`` (e.g. gathered from FSDP shards)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().cpu() for k, v in (model.state_dict() if state_dict is None else state_dict).items()}
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    os.close(fd)
-    try:
+    with atomic_path(path) as tmp:
         if path.suffix == ".safetensors":
             from safetensors.torch import save_file
 
@@ -56,10 +72,6 @@ def save_model(model: GeoRetriever, path: str | os.PathLike, state_dict: dict | 
                                               ALIAS_KEY: json.dumps(aliases)})
         else:
             torch.save({**model_record(model), "state_dict": state}, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
     return path
 
 

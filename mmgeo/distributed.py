@@ -90,8 +90,7 @@ def gather_embedding(e: Embedding) -> Embedding:
 
 def all_reduce_any(flag: bool, device: torch.device) -> bool:
     """True on every rank when ``flag`` is True on any rank (so all ranks take the same branch)."""
-    rank, world = rank_and_world()
-    if world == 1:
+    if rank_and_world()[1] == 1:
         return flag
     t = torch.tensor([int(flag)], device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
