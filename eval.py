@@ -4,6 +4,8 @@
         [--mode exact|two-stage] [--k-prime 100]
     python eval.py --model openclip:ViT-B-32/laion2b_s34b_b79k --data flickr30k --data-root data/flickr30k
     python eval.py --ckpt runs/flickr30k_geo/model.pt --data flickr30k --data-root data/flickr30k [--data-format hf]
+    python eval.py --ckpt runs/synthetic/model.pt --suite compositional [--limit 200]      # or --suite all
+    python eval.py --ckpt M --suite compositional --data sugarcrepe --data-root JSON_DIR --image-root IMG_DIR
 
 --model openclip:ARCH[/TAG] evaluates any open_clip model zero-shot (global score; no TAG = random init).
 
@@ -13,6 +15,10 @@ Prints a table and writes a JSON with "metrics" (R@1/5/10, mean / median rank, b
 "counts" (images and captions evaluated; for real data also "skipped", bad samples by reason) and
 "diagnostics" (attention entropy, Q/K spectra, head redundancy, logit range on the first 64 images;
 mmgeo.diagnostics); --plot draws the recall@K curves.
+
+--suite compositional (or all: next to retrieval) runs the binding suite of DESIGN §9 (mmgeo.compositional):
+true caption vs minimally edited caption on the same image, accuracy per edit type, under "compositional" —
+on the shapes world (negatives generated from, and checked against, the scene) or on SugarCREPE.
 """
 
 from __future__ import annotations
@@ -47,14 +53,50 @@ def format_table(metrics: dict[str, float], ks=DEFAULT_KS) -> str:
     return "\n".join(lines)
 
 
+def evaluate_compositional(args, model) -> dict:
+    """The compositional suite with the model's default score: synthetic scene edits or SugarCREPE."""
+    from mmgeo.compositional import run_suite, shapes_items, sugarcrepe_items
+
+    start = time.time()
+    if args.data == "sugarcrepe":
+        if not getattr(args, "data_root", None) or not getattr(args, "image_root", None):
+            raise SystemExit("--data sugarcrepe needs --data-root JSON_DIR (the data/ folder of "
+                             "github.com/RAIVNLab/sugar-crepe) and --image-root IMG_DIR (COCO val2017 images)")
+        try:
+            items = sugarcrepe_items(args.data_root, args.image_root, limit=args.limit,
+                                     skip_bad=getattr(args, "skip_bad", False))
+        except (FileNotFoundError, ValueError) as e:
+            raise SystemExit(str(e)) from e
+    elif args.data == "synthetic":
+        limit = getattr(args, "suite_limit", None) or args.limit
+        world = build_dataset("synthetic", args.split, seed=args.seed, size=limit,
+                              image_size=args.image_size or model.cfg.image_size)
+        items = shapes_items(world, limit, progress=True)
+    else:
+        raise SystemExit(f"the compositional suite needs edited captions: --data synthetic (generated from the "
+                         f"scene) or --data sugarcrepe, not {args.data!r}")
+    built = time.time()
+    result = run_suite(model, items)
+    result["timing_s"] = {"build": round(built - start, 2), "score": round(time.time() - built, 2)}
+    return result
+
+
 def evaluate(args) -> dict:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    suite = getattr(args, "suite", "retrieval")
+    if args.data == "sugarcrepe" and suite != "compositional":
+        raise SystemExit("sugarcrepe is a compositional benchmark (caption vs edited caption): "
+                         "use --suite compositional")
     if getattr(args, "model", None):
         from mmgeo.models.openclip_adapter import load_openclip
 
         model = load_openclip(args.model, device=device)
     else:
         model = load_model(args.ckpt, device=device)
+    if suite == "compositional":
+        return {"dataset": args.data, "split": None if args.data == "sugarcrepe" else args.split,
+                "model": str(getattr(args, "model", None) or args.ckpt), "score": model.default_mode,
+                "task": "compositional", "compositional": evaluate_compositional(args, model)}
     if args.mode == "two-stage" and not model.geometric:
         raise SystemExit("two-stage re-ranks with the geometric score, which this model (score='global') lacks; "
                          "use --mode exact")
@@ -87,6 +129,9 @@ def evaluate(args) -> dict:
     else:
         result["diagnostics"] = {"skipped": "global-only model (score='global'): no attention to diagnose"}
     result["timing_s"] = {"encode": round(encode_s, 2), "score": round(time.time() - start - encode_s, 2)}
+    if suite == "all":
+        result["task"] = "retrieval+compositional"
+        result["compositional"] = evaluate_compositional(args, model)
     return result
 
 
@@ -95,12 +140,23 @@ def main(argv: list[str] | None = None) -> dict:
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--ckpt", help="model.pt from train.py (or a Lightning .ckpt of ours)")
     which.add_argument("--model", help="openclip:ARCH[/TAG], e.g. openclip:ViT-B-32/laion2b_s34b_b79k (zero-shot)")
-    p.add_argument("--data", default="synthetic", help="dataset: synthetic (embedded shapes world) or flickr30k")
-    p.add_argument("--data-root", default=None, help="flickr30k: folder, CSV/TSV or HF id (data/README.md)")
+    p.add_argument("--data", default="synthetic",
+                   help="dataset: synthetic (embedded shapes world), flickr30k, or sugarcrepe (--suite compositional)")
+    p.add_argument("--data-root", default=None, help="flickr30k: folder, CSV/TSV or HF id (data/README.md); "
+                   "sugarcrepe: the folder of its JSON files")
+    p.add_argument("--image-root", default=None, help="sugarcrepe: the folder of COCO val2017 images")
+    p.add_argument("--skip-bad", action="store_true",
+                   help="sugarcrepe: skip and count malformed entries / missing images instead of stopping")
+    p.add_argument("--suite", default="retrieval", choices=["retrieval", "compositional", "all"],
+                   help="retrieval: R@K (CLIP_benchmark); compositional: caption vs edited caption per edit "
+                        "type (DESIGN §9); all: both")
+    p.add_argument("--suite-limit", type=int, default=None,
+                   help="compositional suite on the shapes world: only the first N images (default: --limit / all)")
     p.add_argument("--data-format", default=None, choices=["hf", "karpathy", "csv"],
                    help="flickr30k layout (default: detect from --data-root)")
     p.add_argument("--max-pixels", type=int, default=MAX_PIXELS, help="flickr30k: skip images with more pixels")
-    p.add_argument("--split", default="test", choices=["train", "val", "test"])
+    p.add_argument("--split", default="test", choices=["train", "val", "test", "cogent"],
+                   help="cogent: the shapes world's held-out colour-shape combos (synthetic only)")
     p.add_argument("--out", default=None, help="write the JSON result here")
     p.add_argument("--mode", default="exact", choices=["exact", "two-stage"])
     p.add_argument("--k-prime", type=int, default=100, help="two-stage: candidates re-ranked per query")
@@ -114,17 +170,29 @@ def main(argv: list[str] | None = None) -> dict:
     if args.k_prime <= 0:
         p.error(f"--k-prime must be positive, got {args.k_prime}")
     result = evaluate(args)
-    c = result["counts"]
-    print(f"\n{result['dataset']} {result['split']}: {c['images']} images, {c['captions']} captions — "
-          f"{result['score']} score, {result['mode']} mode")
-    if c.get("skipped"):
-        print(f"skipped bad samples: {c['skipped']}")
-    print(format_table(result["metrics"]))
-    if "first_stage" in result:
-        fs = result["first_stage"]
-        t2i, i2t = fs["text_to_image_first_stage_recall"], fs["image_to_text_first_stage_recall"]
-        print(f"first stage (FAISS top-{fs['k_prime']}) recall: text->image {100 * t2i:.1f}, "
-              f"image->text {100 * i2t:.1f}")
+    if "metrics" in result:
+        c = result["counts"]
+        print(f"\n{result['dataset']} {result['split']}: {c['images']} images, {c['captions']} captions — "
+              f"{result['score']} score, {result['mode']} mode")
+        if c.get("skipped"):
+            print(f"skipped bad samples: {c['skipped']}")
+        print(format_table(result["metrics"]))
+        if "first_stage" in result:
+            fs = result["first_stage"]
+            t2i, i2t = fs["text_to_image_first_stage_recall"], fs["image_to_text_first_stage_recall"]
+            print(f"first stage (FAISS top-{fs['k_prime']}) recall: text->image {100 * t2i:.1f}, "
+                  f"image->text {100 * i2t:.1f}")
+    if "compositional" in result:
+        from mmgeo.compositional import format_table as compositional_table
+
+        comp = result["compositional"]
+        c = comp["counts"]
+        print(f"\ncompositional suite, {result['dataset']}: {c['images']} images, {c['captions']} captions — "
+              f"{comp['score']} score; accuracy = true caption scored above its edit (chance 50, ties fail)")
+        for what in ("skipped", "discarded", "unavailable"):
+            if c.get(what):
+                print(f"{what}: {c[what]}")
+        print(compositional_table(comp))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(result, indent=2))

@@ -27,6 +27,7 @@ from torch.utils.data import DataLoader, Dataset
 from mmgeo.checkpoint import atomic_path, model_record, save_model
 from mmgeo.config import load_config, to_dict
 from mmgeo.data import MAX_PIXELS, build_dataset
+from mmgeo.data.caption_edits import EDIT_KINDS, caption_negatives
 from mmgeo.data.sampler import ResumableBatchSampler, SampleLog
 from mmgeo.diagnostics import diagnose, nonfinite_cause, orthogonality_penalty, qk_weights, scalars
 from mmgeo.distributed import all_gather_no_grad, all_reduce_any, rank_and_world
@@ -50,7 +51,11 @@ class DataConfig:
     train_size: int | None = None  # images of the train split to use (None = all)
     val_size: int = 200  # val images scored for R@K during training (0 = no validation)
     num_workers: int = 1  # DataLoader worker processes
-    hard_negatives: bool = True  # pair each image with a one-change variant in the batch (synthetic only)
+    hard_negatives: bool = False  # pair each image with a one-change variant in the batch (synthetic only: the
+    # scene graph makes it, so no real dataset can give this signal; kept for comparison)
+    caption_negatives: int = 0  # rule-based text hard negatives per caption (NegCLIP-style word swaps / replacements /
+    # relation flips of the caption itself, mmgeo.data.caption_edits; any dataset), extra negatives of image->text
+    negative_kinds: list[str] = field(default_factory=lambda: list(EDIT_KINDS))  # caption edit kinds to draw from
 
 
 @dataclass
@@ -144,17 +149,21 @@ class SkippedReport(L.Callback):
 
 
 class CaptionPairs(Dataset):
-    """(pixels, caption) pairs of one image, keyed by ``(i, epoch, step)`` from ResumableBatchSampler; the
+    """(pixels, caption, negatives) of one image, keyed by ``(i, epoch, step)`` from ResumableBatchSampler; the
     caption is one of the image's five, drawn from (seed, epoch, i): a fresh but reproducible choice each
-    epoch. With ``hard_negatives`` the image's one-change variant (``dataset.variant(i)``) comes along, so
-    the two sit in the same batch as each other's hardest negative."""
+    epoch. ``negatives``: up to ``caption_negatives`` rule-based edits of that caption (NegCLIP-style,
+    ``mmgeo.data.caption_edits``; ``vocabulary`` keeps a word-level tokenizer's words). With
+    ``hard_negatives`` the image's one-change variant (``dataset.variant(i)``) comes along, so the two
+    sit in the same batch as each other's hardest negative."""
 
-    def __init__(self, dataset, transform, seed: int, hard_negatives: bool = False):
+    def __init__(self, dataset, transform, seed: int, hard_negatives: bool = False, caption_negatives: int = 0,
+                 negative_kinds=EDIT_KINDS, vocabulary=None):
         if hard_negatives and not hasattr(dataset, "variant"):
             raise ValueError(f"{type(dataset).__name__} cannot make hard-negative variants (only the synthetic "
                              "shapes world can); set data.hard_negatives: false")
         self.dataset, self.transform, self.seed = dataset, transform, seed
-        self.hard_negatives = hard_negatives
+        self.hard_negatives, self.caption_negatives = hard_negatives, caption_negatives
+        self.negative_kinds, self.vocabulary = tuple(negative_kinds), vocabulary
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -163,22 +172,31 @@ class CaptionPairs(Dataset):
         i, epoch, step = key
         rng = np.random.default_rng([self.seed, epoch, i])
         samples = [self.dataset[i]] + ([self.dataset.variant(i)] if self.hard_negatives else [])
-        pairs = [(self.transform(image), captions[rng.integers(len(captions))]) for image, captions in samples]
+        pairs = []
+        for image, captions in samples:
+            caption = captions[rng.integers(len(captions))]
+            negatives = caption_negatives(caption, rng, self.caption_negatives, self.negative_kinds,
+                                          self.vocabulary) if self.caption_negatives else []
+            pairs.append((self.transform(image), caption, negatives))
         return {"pairs": pairs, "index": i, "epoch": epoch, "step": step}
 
 
 class Collate:
+    """Items -> one batch: pixels (B, 3, H, W), the B captions then every negative caption tokenised together
+    (``input_ids`` / ``attention_mask`` (B + N_neg, T)); ``num_captions`` = B."""
+
     def __init__(self, tokenize):
         self.tokenize = tokenize
 
     def __call__(self, batch):
         pairs = [pair for item in batch for pair in item["pairs"]]
-        pixels = torch.stack([p for p, _ in pairs])  # (B, 3, H, W)
+        pixels = torch.stack([p for p, _, _ in pairs])  # (B, 3, H, W)
         steps = {(item["epoch"], item["step"]) for item in batch}
         if len(steps) != 1:
             raise RuntimeError(f"one batch mixes (epoch, step) {sorted(steps)}: the batch sampler is broken")
         epoch, step = steps.pop()
-        return {**self.tokenize([c for _, c in pairs]), "pixels": pixels,
+        texts = [c for _, c, _ in pairs] + [n for _, _, negs in pairs for n in negs]
+        return {**self.tokenize(texts), "pixels": pixels, "num_captions": torch.tensor(len(pairs)),
                 "index": torch.tensor([item["index"] for item in batch]),  # (B_items,) dataset indices
                 "epoch": torch.tensor(epoch), "step": torch.tensor(step)}
 
@@ -286,7 +304,10 @@ class RetrievalModule(L.LightningModule):
                                f"{self.global_step}; a sample would be repeated or skipped")
         self._batch = batch
         text, image = self.model(batch["input_ids"], batch["attention_mask"], batch["pixels"])
-        losses = contrastive_loss(self.model, text, image, self.cfg.loss.global_weight, self.cfg.loss.local_loss)
+        B = int(batch["num_captions"])
+        negatives = text[B:] if len(text) > B else None  # rule-based caption edits (data.caption_negatives)
+        losses = contrastive_loss(self.model, text[:B], image, self.cfg.loss.global_weight, self.cfg.loss.local_loss,
+                                  negatives)
         if self.cfg.aids.ortho_weight > 0 and self.model.geometric:
             losses["ortho"] = sum(orthogonality_penalty(w) for w in qk_weights(self.model).values())
             losses["loss"] = losses["loss"] + self.cfg.aids.ortho_weight * losses["ortho"]
@@ -457,7 +478,9 @@ def build_loader(cfg: TrainConfig, module: RetrievalModule, train) -> ResumableL
     if t.batch_size % (per_item * world):
         raise SystemExit(f"trainer.batch_size={t.batch_size} must split into {world} device(s) × "
                          f"{per_item} pair(s) per image{' (data.hard_negatives)' if per_item == 2 else ''}")
-    pairs = CaptionPairs(train, module.model.preprocess, t.seed, cfg.data.hard_negatives)
+    vocabulary = module.model.cfg.text_vocab  # a word-level tokenizer: negatives must not bring unknown words
+    pairs = CaptionPairs(train, module.model.preprocess, t.seed, cfg.data.hard_negatives, cfg.data.caption_negatives,
+                         cfg.data.negative_kinds, vocabulary)
     sampler = ResumableBatchSampler(len(pairs), t.batch_size // per_item, seed=t.seed)
     return ResumableLoader(pairs, batch_sampler=sampler, num_workers=cfg.data.num_workers,
                            collate_fn=Collate(module.model.tokenize))

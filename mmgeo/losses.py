@@ -33,16 +33,22 @@ def _combine(terms: dict[str, torch.Tensor], global_weight: float) -> dict[str, 
     return out
 
 
-def retrieval_loss(logits: dict[str, torch.Tensor], global_weight: float = 1.0) -> dict[str, torch.Tensor]:
+def retrieval_loss(logits: dict[str, torch.Tensor], global_weight: float = 1.0,
+                   negative_logits: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
     """DESIGN §2: InfoNCE on the geometric score + λ · InfoNCE on the global score.
 
-    ``logits`` from ``GeoRetriever.logits``; returns {"loss", "loss_geometric"?, "loss_global"}.
-    A global-only model (CLIP baseline) trains on the global term alone, at weight 1.
+    ``logits`` from ``GeoRetriever.logits`` (B, B); returns {"loss", "loss_geometric"?, "loss_global"}.
+    ``negative_logits`` (N_neg, B): extra captions (hard negatives) against the B images; they join the
+    image->text side only, as NegCLIP does (Yuksekgonul et al., ICLR 2023). A global-only model (CLIP
+    baseline) trains on the global term alone, at weight 1.
     """
-    return _combine({k: symmetric_infonce(v) for k, v in logits.items()}, global_weight)
+    if negative_logits is None:
+        return _combine({k: symmetric_infonce(v) for k, v in logits.items()}, global_weight)
+    return _combine({k: infonce(v, torch.cat([v, negative_logits[k]]).T) for k, v in logits.items()}, global_weight)
 
 
-def contrastive_loss(model, text, image, global_weight: float = 1.0, local_loss: bool = False) -> dict:
+def contrastive_loss(model, text, image, global_weight: float = 1.0, local_loss: bool = False,
+                     negatives=None) -> dict:
     """The retrieval loss over the *global* batch when training on several ranks (open_clip's ClipLoss).
 
     ``text``/``image``: this rank's Embeddings (B local pairs). On one process it is ``retrieval_loss``.
@@ -56,13 +62,21 @@ def contrastive_loss(model, text, image, global_weight: float = 1.0, local_loss:
       affordable at scale); its loss L_r averages over its B pairs and L = mean_r L_r, so the same
       argument gives dL/dθ again. The returned loss is L_r: average it over ranks to log L.
 
+    ``negatives``: this rank's hard-negative captions (Embedding, any number), scored against this rank's
+    images only and added to the image->text side (``retrieval_loss``); on several ranks that needs
+    ``local_loss=True`` (ranks hold different numbers of negatives, so they are not gathered).
+
     Limits: equal local batch sizes; dropout draws differ from a single process (each rank its own masks).
     """
     from mmgeo.distributed import check_equal_batches, gather_embedding, rank_and_world
 
     rank, world = rank_and_world()
+    neg = None if negatives is None or len(negatives) == 0 else model.logits(negatives, image)  # (N_neg, B) each
     if world == 1:
-        return retrieval_loss(model.logits(text, image), global_weight)
+        return retrieval_loss(model.logits(text, image), global_weight, neg)
+    if neg is not None and not local_loss:
+        raise ValueError("caption hard negatives on several ranks need loss.local_loss: true (each rank scores its "
+                         "own negatives against its own images)")
     B = len(text)
     check_equal_batches(B, text.pooled.device)
     all_text, all_image = gather_embedding(text), gather_embedding(image)  # (W·B, ...)
@@ -70,4 +84,6 @@ def contrastive_loss(model, text, image, global_weight: float = 1.0, local_loss:
         return retrieval_loss(model.logits(all_text, all_image), global_weight)
     text_side = model.logits(text, all_image)  # each (B, W·B): local captions vs all images
     image_side = model.logits(all_text, image)  # each (W·B, B): all captions vs local images
+    if neg is not None:
+        image_side = {k: torch.cat([v, neg[k]]) for k, v in image_side.items()}  # + local negatives as rows
     return _combine({k: infonce(text_side[k], image_side[k].T, offset=rank * B) for k in text_side}, global_weight)

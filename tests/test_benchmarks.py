@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -31,3 +33,28 @@ def test_load_search_reports_both_clients_without_errors(tmp_path):
         assert [(r["rerank"], r["clients"]) for r in rows] == [(False, 1), (False, 2), (True, 1), (True, 2)]
         assert all(r["errors"] == 0 and r["requests"] == 12 and r["p99_ms"] >= r["p50_ms"] > 0 for r in rows)
         assert f"({client} client)" in res.stdout
+
+
+def test_train_speed_tiny(tmp_path):
+    """Smoke size, this checkout against itself given as a path (no git history needed): JSON keys, throughputs.
+    One torch thread: on a shared 2-core machine two threads can be many times slower (and the test much longer)."""
+    out = tmp_path / "speed.json"
+    args = [sys.executable, "benchmarks/train_speed.py", "--tiny", "--steps", "3", "--warmup", "1", "--json", str(out),
+            "--compare", str(ROOT), "--", "--trainer.threads", "1"]
+    res = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert {"command", "config", "torch", "threads", "cpu", "checkouts", "ratio", "ratio_samples_per_s"} <= set(data)
+    assert data["threads"] == 1 and data["ratio_samples_per_s"] > 0
+    for label in ("ref", "current"):
+        c = data["checkouts"][label]
+        assert c["commit"] and c["path"] == str(ROOT) and len(c["runs"]) == 1
+        med = c["median"]
+        assert med["samples_per_s"] > 0 and med["steps_per_s"] > 0 and med["in_step_ms"] > 0
+        assert med["samples_per_s"] == pytest.approx(med["steps_per_s"] * 16)  # --tiny: batch 16
+        assert med["val_runs"] >= 1 and med["val_s"] > 0  # validation at the end of training, timed
+        assert all(med[f"{k}_ms"] > 0 for k in ("data", "collate", "text_fwd", "image_fwd", "loss", "backward",
+                                                "optimizer"))
+        assert "overhead_ms" in med
+    assert "| samples/s |" in res.stdout and "current/ref" in res.stdout
+    assert f"json: {out}" in res.stdout

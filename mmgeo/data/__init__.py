@@ -1,18 +1,22 @@
 """Datasets: every one yields ``ds[i] -> (PIL.Image, list[str])`` — one image, all its captions."""
 
-from mmgeo.data.flickr import MAX_PIXELS, Flickr30K, detect_format
-from mmgeo.data.shapes import ShapesWorld
+from mmgeo.data.caption_edits import EDIT_KINDS, caption_negatives, edit_caption
+from mmgeo.data.flickr import MAX_PIXELS, Flickr30K, check_split, detect_format
+from mmgeo.data.shapes import HELDOUT_COMBOS, SPLITS, ShapesWorld
 
-__all__ = ["Flickr30K", "MAX_PIXELS", "ShapesWorld", "build_dataset", "detect_format"]
+__all__ = ["EDIT_KINDS", "Flickr30K", "HELDOUT_COMBOS", "MAX_PIXELS", "SPLITS", "ShapesWorld", "build_dataset",
+           "caption_negatives", "detect_format", "edit_caption"]
 
 
 def build_dataset(name: str, split: str, seed: int = 0, image_size: int = 64, size: int | None = None,
                   root: str | None = None, data_format: str | None = None, max_pixels: int = MAX_PIXELS):
-    """Create a retrieval dataset by name: ``synthetic`` (the embedded shapes world) or ``flickr30k``
-    (Karpathy split from ``root``, layout ``data_format`` = hf | karpathy | csv, None = detect)."""
+    """Create a retrieval dataset by name: ``synthetic`` (the embedded shapes world; splits ``SPLITS``, with
+    ``cogent`` its held-out-combo split) or ``flickr30k`` (Karpathy train / val / test from ``root``, layout
+    ``data_format`` = hf | karpathy | csv, None = detect)."""
     if name == "synthetic":
         return ShapesWorld(split=split, seed=seed, image_size=image_size, size=size)
     if name == "flickr30k":
+        check_split(split)
         if not root:
             raise ValueError("flickr30k needs its location: --data-root PATH (eval.py) or data.root (train.py); "
                              "see data/README.md for how to fetch it")

@@ -62,6 +62,15 @@ def detect_format(root: str | os.PathLike) -> str:
     return "hf"  # not a local path: a Hugging Face dataset id
 
 
+def check_split(split: str) -> None:
+    """Raise a ValueError naming the fix when ``split`` is not a Flickr30K Karpathy split."""
+    if split == "cogent":
+        raise ValueError("split 'cogent' (held-out colour-shape combos) exists only in the synthetic shapes world "
+                         "(--data synthetic); flickr30k has the splits train / val / test")
+    if split not in SPLIT_SIZES:
+        raise ValueError(f"split must be one of {list(SPLIT_SIZES)}, got {split!r}")
+
+
 class Flickr30K:
     """Flickr30K Karpathy split from an ``hf`` / ``karpathy`` / ``csv`` layout (see the module docstring).
 
@@ -71,8 +80,7 @@ class Flickr30K:
 
     def __init__(self, root: str | os.PathLike, split: str = "test", data_format: str | None = None,
                  size: int | None = None, max_pixels: int = MAX_PIXELS):
-        if split not in SPLIT_SIZES:
-            raise ValueError(f"split must be one of {list(SPLIT_SIZES)}, got {split!r}")
+        check_split(split)
         self.root, self.split, self.max_pixels = str(root), split, max_pixels
         self.format = data_format or detect_format(root)
         loaders = {"hf": self._load_hf, "karpathy": self._load_karpathy, "csv": self._load_csv}

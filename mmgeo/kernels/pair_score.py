@@ -13,11 +13,12 @@ Shapes and dtypes:
     Triton kernel: fp32 / fp16 / bf16 on CUDA; fp32 / fp16 on CPU under ``TRITON_INTERPRET=1``.
 
 ``pair_score_naive`` materialises the (B_t, B_i, H, T, S) weights: it is the readable definition
-and the baseline for benchmarks. ``pair_score_reference`` computes the same numbers in blocks of at
-most ``chunk_elements`` attention weights, with captions sorted by length so each block is trimmed
-to its longest caption; under autograd, when all blocks together would pass ``chunk_elements``, each
-block is recomputed in backward (activation checkpointing), so peak memory grows with the block, not
-with B_t·B_i·T·S.
+and the baseline for benchmarks. ``pair_score_reference`` computes the same numbers with padding
+tokens dropped, as two GEMMs per head over the patches of a block of images (``candidate_scores``,
+also the re-rank of a query's candidates), in blocks of at most ``BLOCK_ELEMENTS`` attention weights
+(cache-sized); under autograd, when all blocks together would pass ``chunk_elements``, each block is
+recomputed in backward (activation checkpointing), so peak memory grows with the block, not with
+B_t·B_i·T·S.
 
 The fused Triton kernels (``_pair_score_triton``, imported only when used) run FlashAttention's
 online softmax (Dao et al. 2022) over patch tiles with the <u, v> GEMM fused in, forward and
@@ -33,7 +34,10 @@ from torch.utils.checkpoint import checkpoint
 
 from mmgeo.kernels._common import use_triton
 
-DEFAULT_CHUNK_ELEMENTS = 1 << 26  # attention weights alive at once (256 MiB in fp32)
+DEFAULT_CHUNK_ELEMENTS = 1 << 26  # attention weights alive at once under autograd (256 MiB in fp32)
+BLOCK_ELEMENTS = 1 << 20  # attention weights per block: small enough to stay in a CPU core's cache
+TOKENS_PER_BLOCK = 512  # rows of each block's GEMMs
+SAFE_LOGIT = 80.0  # |logit| below this: exp cannot overflow (fp32 max ≈ e^88), the softmax needs no max shift
 
 
 def _check(q, q_mask, u, k, k_mask, v) -> None:
@@ -81,36 +85,106 @@ def pair_score_naive(q, q_mask, u, k, k_mask, v, scale: float | None = None) -> 
     return _block(q, q_mask, u, k, k_mask, v, scale or q.shape[-1] ** -0.5)
 
 
-def pair_score_reference(q, q_mask, u, k, k_mask, v, scale: float | None = None,
-                         chunk_elements: int = DEFAULT_CHUNK_ELEMENTS, text_block: int = 16) -> torch.Tensor:
-    """Blocked plain-PyTorch pair score; at most ``chunk_elements`` attention weights alive at once.
+class _BlockScore(torch.autograd.Function):
+    """Σ_j a_tj <u_t, v_j> per head for a block: (H, n, b), with a hand-written backward.
 
-    Captions are sorted by length and taken ``text_block`` at a time, each block trimmed to its
-    longest caption; images are split so a block holds at most ``chunk_elements`` weights. Under
-    autograd, blocks are recomputed in backward only when all of them together would pass the bound.
+    q (H, n, d_a) scaled, u (H, n, d_e), k (H, b, S, d_a), v (H, b, S, d_e), mask (b, S) or None.
+    Backward (s = Σ_j a_j uv_j):  d uv_j = g·a_j,  d logit_j = g·a_j·(uv_j − s); then four GEMMs.
+    Autograd through the forward's ops would cost about twice as much (expanded reductions).
+    """
+
+    @staticmethod
+    def forward(ctx, q, u, k, v, mask, shift: bool):
+        H, n, _ = q.shape
+        b, S = k.shape[1], k.shape[2]
+        k2, v2 = k.reshape(H, b * S, -1), v.reshape(H, b * S, -1)  # (H, b·S, d)
+        logits = torch.bmm(q, k2.transpose(1, 2)).view(H, n, b, S)  # (H, n, b, S)
+        if mask is not None:
+            logits.masked_fill_(~mask[None, None], float("-inf"))
+        if shift:
+            logits -= logits.amax(-1, keepdim=True)
+        weights = logits.exp_()  # unnormalised a_tj
+        uv = torch.bmm(u, v2.transpose(1, 2)).view(H, n, b, S)  # <u_t, v_j>
+        den = weights.sum(-1)  # (H, n, b)
+        if not any(ctx.needs_input_grad[:4]):
+            return torch.einsum("hnbs,hnbs->hnb", weights, uv) / den
+        attn = weights.div_(den[..., None])  # a_tj
+        out = torch.einsum("hnbs,hnbs->hnb", attn, uv)
+        ctx.save_for_backward(q, u, k2, v2, attn, uv, out)
+        ctx.shape = (b, S)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        q, u, k2, v2, attn, uv, out = ctx.saved_tensors
+        H, n, _ = q.shape
+        d_uv = attn * g[..., None]  # (H, n, b, S)
+        d_logits = uv.sub_(out[..., None]).mul_(d_uv).view(H, n, -1)  # in place: uv is not needed again
+        d_uv = d_uv.view(H, n, -1)
+        dq, dk = torch.bmm(d_logits, k2), torch.bmm(d_logits.transpose(1, 2), q)
+        du, dv = torch.bmm(d_uv, v2), torch.bmm(d_uv.transpose(1, 2), u)
+        b, S = ctx.shape
+        return dq, du, dk.view(H, b, S, -1), dv.view(H, b, S, -1), None, None
+
+
+def candidate_scores(q, u, keys, values, mask, scale: float, block_elements: int = BLOCK_ELEMENTS,
+                     recompute: bool = False) -> torch.Tensor:
+    """Σ_j a_tj <u_t, v_j> of N packed tokens against B_i images, summed over heads: (N, B_i).
+
+    q (H, N, d_a), u (H, N, d_e): real tokens only (any mix of captions), in the accumulation dtype;
+    keys (H, B_i, S, d_a), values (H, B_i, S, d_e), mask (B_i, S) bool (True = real patch).
+    Each head is two GEMMs over all patches of a block of images at once (<q_t, k_j> and <u_t, v_j>);
+    blocks hold at most ``block_elements`` attention weights. The softmax skips its max shift when
+    |<q, k>|·scale is bounded below ``SAFE_LOGIT`` (Cauchy–Schwarz on the norms), which cannot overflow.
+    ``recompute``: each block is recomputed in backward (activation checkpointing).
+    """
+    H, N, _ = q.shape
+    B_i, S = mask.shape
+    q = q * scale
+    shift = bool(q.norm(dim=-1).amax() * keys.norm(dim=-1).amax() >= SAFE_LOGIT) if N and B_i else False
+    masked = not bool(mask.all())
+    ct = max(1, min(N, TOKENS_PER_BLOCK, block_elements // (H * S)))  # tokens per block: a GEMM's rows
+    ci = max(1, min(B_i, block_elements // (H * S * ct)))  # images per block
+
+    def block(qb, ub, kb, vb, mb):
+        return _BlockScore.apply(qb, ub, kb, vb, mb if masked else None, shift).sum(0)  # (n, b)
+
+    rows = []
+    with torch.autocast(q.device.type, enabled=False):  # in the inputs' dtype (fp32 accumulation) under autocast
+        for a in range(0, N, ct):
+            cols = []
+            for c in range(0, B_i, ci):
+                args = (q[:, a:a + ct], u[:, a:a + ct], keys[:, c:c + ci], values[:, c:c + ci], mask[c:c + ci])
+                cols.append(checkpoint(block, *args, use_reentrant=False) if recompute else block(*args))
+            rows.append(torch.cat(cols, dim=1))
+    return torch.cat(rows, dim=0) if rows else q.new_zeros(0, B_i)
+
+
+def pair_score_reference(q, q_mask, u, k, k_mask, v, scale: float | None = None,
+                         chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
+                         block_elements: int = BLOCK_ELEMENTS) -> torch.Tensor:
+    """Blocked plain-PyTorch pair score: real tokens packed, two GEMMs per head and block of images.
+
+    Padding tokens are dropped before any arithmetic (captions of a batch differ in length), and the
+    per-token sums are averaged per caption at the end. Blocks hold at most ``min(chunk_elements,
+    block_elements)`` attention weights; under autograd, when all blocks together would pass
+    ``chunk_elements``, each block is recomputed in backward, so peak memory grows with the block,
+    not with B_t·B_i·T·S.
     """
     _check(q, q_mask, u, k, k_mask, v)
     scale = scale or q.shape[-1] ** -0.5
+    acc = torch.promote_types(q.dtype, torch.float32)
     (bt, h, _, _), (bi, _, s, _) = q.shape, k.shape
-    lengths = q_mask.sum(dim=1)  # (B_t,)
-    order = torch.argsort(lengths, stable=True)  # short captions first: blocks trim their padding
-    sorted_len = lengths[order].tolist()
-    blocks = [(a, min(a + text_block, bt)) for a in range(0, bt, text_block)]
-    widths = [max(sorted_len[a:b]) for a, b in blocks]  # longest caption of each block
-    total = sum((b - a) * t for (a, b), t in zip(blocks, widths)) * h * s * bi
-    recompute = total > chunk_elements and torch.is_grad_enabled() and any(x.requires_grad for x in (q, u, k, v))
-    rows = []
-    for (a, b), t in zip(blocks, widths):
-        idx = order[a:b]
-        qb, mb, ub = q[idx, :, :t], q_mask[idx, :t], u[idx, :, :t]
-        ci = max(1, min(bi, chunk_elements // ((b - a) * h * t * s)))  # images per block
-        cols = []
-        for c in range(0, bi, ci):
-            args = (qb, mb, ub, k[c:c + ci], k_mask[c:c + ci], v[c:c + ci], scale)
-            cols.append(checkpoint(_block, *args, use_reentrant=False) if recompute else _block(*args))
-        rows.append(torch.cat(cols, dim=1))
-    out = torch.cat(rows, dim=0)  # (B_t, B_i) in length order
-    return out[torch.argsort(order)]
+    owner, pos = q_mask.nonzero(as_tuple=True)  # (N,) caption and position of every real token
+    Q = q[owner, :, pos].to(acc).transpose(0, 1)  # (H, N, d_a)
+    U = u[owner, :, pos].to(acc).transpose(0, 1)  # (H, N, d_e)
+    keys = k.to(acc).transpose(0, 1).contiguous()  # (H, B_i, S, d_a)
+    values = v.to(acc).transpose(0, 1).contiguous()  # (H, B_i, S, d_e)
+    grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, u, k, v))
+    recompute = grad and len(owner) * bi * h * s > chunk_elements
+    per_token = candidate_scores(Q, U, keys, values, k_mask, scale, min(chunk_elements, block_elements), recompute)
+    w = (1.0 / (q_mask.sum(dim=1).to(acc) * h))[owner]  # (N,) 1/(n_c·H): mean over tokens and heads
+    return torch.zeros(bt, bi, dtype=acc, device=q.device).index_add(0, owner, per_token * w[:, None])
 
 
 # Triton kernels and their launchers: mmgeo/kernels/_pair_score_triton.py (imports triton; loaded lazily).

@@ -12,6 +12,7 @@ from tests.conftest import TINY
 
 def _args(tmp_path, steps, *extra):
     args = ["--config", "configs/synthetic.yaml", "--out_dir", str(tmp_path), "--trainer.max_steps", str(steps),
+            "--data.hard_negatives", "true",  # image variants: half of each batch stays finite when poisoned
             "--trainer.batch_size", "8", "--data.train_size", "32", "--data.num_workers", "0", "--data.val_size", "0",
             "--data.image_size", str(TINY["image_size"]), "--trainer.log_every_n_steps", "1",
             "--trainer.checkpoint_every_n_steps", "0", "--aids.diagnostics_every_n_steps", "0", *extra]
@@ -27,7 +28,7 @@ def nan_at(monkeypatch):
     def poisoned(self, key):
         item = original(self, key)
         if key[2] in bad:
-            item["pairs"][0] = (torch.full_like(item["pairs"][0][0], float("nan")), item["pairs"][0][1])
+            item["pairs"][0] = (torch.full_like(item["pairs"][0][0], float("nan")), *item["pairs"][0][1:])
         return item
 
     monkeypatch.setattr(train_app.CaptionPairs, "__getitem__", poisoned)

@@ -12,14 +12,14 @@ METRIC_KEYS = {f"{d}_R@{k}" for d in ("image_to_text", "text_to_image") for k in
     f"{d}_{s}_rank" for d in ("image_to_text", "text_to_image") for s in ("mean", "median")}
 
 
-def _train(tmp_path, config="configs/synthetic.yaml", steps=3):
+def _train(tmp_path, config="configs/synthetic.yaml", steps=3, extra=()):
     args = ["--config", config, "--out_dir", str(tmp_path), "--trainer.max_steps", str(steps),
             "--trainer.batch_size", "8", "--trainer.val_every_n_steps", "2", "--data.train_size", "64",
             "--data.val_size", "6", "--data.num_workers", "0", "--data.image_size", "32",
             "--trainer.checkpoint_every_n_steps", "2", "--trainer.log_every_n_steps", "1"]
     for k, v in TINY.items():
         args += [f"--model_args.{k}", str(v)]
-    return train_app.main(args)
+    return train_app.main(args + list(extra))
 
 
 @pytest.fixture(scope="module")

@@ -1,14 +1,16 @@
+import hashlib
 import re
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
 from mmgeo.data import ShapesWorld, build_dataset
-from mmgeo.data.shapes import COLORS, SHAPES, SPLITS, perturb
+from mmgeo.data.shapes import COLORS, HELDOUT_COMBOS, SHAPES, SIZES, SPLITS, ShapeObject, is_heldout, perturb
 
 
 def test_split_sizes_mirror_flickr30k():
-    assert {s: len(ShapesWorld(s)) for s in SPLITS} == {"train": 29_000, "val": 1_014, "test": 1_000}
+    assert {s: len(ShapesWorld(s)) for s in SPLITS} == {"train": 29_000, "val": 1_014, "test": 1_000, "cogent": 1_000}
 
 
 def test_same_seed_same_sample_other_seed_other_sample():
@@ -112,3 +114,85 @@ def test_variant_changes_exactly_one_thing_and_is_deterministic():
     (img1, caps1), (img2, caps2) = ds.variant(5), ds.variant(5)
     assert caps1 == caps2 and np.array_equal(np.asarray(img1), np.asarray(img2))
     assert set(caps1).isdisjoint(ds[5][1])
+
+
+# ---------------------------------------------------------------- held-out combos (CLEVR-CoGenT-style split)
+# sha256 of the first 300 test scenes that held no held-out combo (147 of them) and their captions,
+# computed with the code from before the held-out rule: those samples must stay exactly as they were.
+UNCHANGED_TEST_SHA256 = "241891fe5aca9d3c71ab65782425373cc64c4c5bf555a30310ddac474c5f26a1"
+
+
+def _drawn_scene(ds: ShapesWorld, idx: int) -> list[ShapeObject]:
+    """A copy of ShapesWorld.scene's draws without the held-out rule (what every scene was before it)."""
+    rng = np.random.default_rng([ds.seed, 2, idx])  # the test split's id
+    n = int(rng.choice(4, p=(0.04, 0.32, 0.32, 0.32))) + 1
+    cells = rng.choice(9, size=n, replace=False)
+    return [ShapeObject(SHAPES[rng.integers(4)], list(COLORS)[rng.integers(6)], SIZES[rng.integers(2)],
+                        (int(c) // 3, int(c) % 3)) for c in cells]
+
+
+def _combos(captions: list[str]) -> set[tuple[str, str]]:
+    return {(c, s) for cap in captions for c, s in re.findall(r"(\w+) (circle|square|triangle|diamond)", cap)}
+
+
+def test_heldout_combos_cover_every_colour_once_and_every_shape():
+    assert len(HELDOUT_COMBOS) == 6 == len(set(HELDOUT_COMBOS))
+    assert sorted(c for c, _ in HELDOUT_COMBOS) == sorted(COLORS)
+    assert {s for _, s in HELDOUT_COMBOS} == set(SHAPES)
+
+
+def test_ordinary_splits_never_hold_a_heldout_combo():
+    for split, n in (("train", 5_000), ("val", None), ("test", None)):
+        ds = ShapesWorld(split, size=n)
+        assert not any(is_heldout(o) for i in range(len(ds)) for o in ds.scene(i)), split
+    ds = ShapesWorld("test", size=50)
+    assert not any(_combos(ds[i][1]) & set(HELDOUT_COMBOS) for i in range(len(ds)))
+
+
+def test_every_cogent_scene_holds_exactly_one_heldout_combo():
+    ds, again = ShapesWorld("cogent"), ShapesWorld("cogent")
+    seen = set()
+    for i in range(len(ds)):
+        scene = ds.scene(i)
+        held = [(o.color, o.shape) for o in scene if is_heldout(o)]
+        assert len(held) == 1, scene
+        assert len({o.cell for o in scene}) == len(scene)
+        assert scene == again.scene(i)  # deterministic
+        seen.add(held[0])
+    assert seen == set(HELDOUT_COMBOS)
+    img, caps = ds[7]
+    assert caps == again[7][1] and np.array_equal(np.asarray(img), np.asarray(again[7][0]))
+    assert len(_combos(caps) & set(HELDOUT_COMBOS)) == 1
+    assert ds.scene(0) != ShapesWorld("test").scene(0) and ShapesWorld("cogent", seed=1).scene(0) != ds.scene(0)
+    assert len(build_dataset("synthetic", "cogent", size=10)) == 10
+
+
+def test_scenes_without_heldout_combos_are_unchanged():
+    ds = ShapesWorld("test")
+    digest, kept = hashlib.sha256(), 0
+    for i in range(300):
+        before, after = _drawn_scene(ds, i), ds.scene(i)
+        assert len(before) == len(after)
+        for b, a in zip(before, after):  # only a held-out object's colour may change
+            assert a == b or (is_heldout(b) and not is_heldout(a) and replace(a, color=b.color) == b)
+        if not any(is_heldout(o) for o in before):
+            kept += 1
+            objs = ";".join(f"{o.shape},{o.color},{o.size},{o.cell[0]},{o.cell[1]}" for o in after)
+            digest.update(f"{i}|{objs}|{chr(10).join(ds[i][1])}\n".encode())
+    assert kept == 147 and digest.hexdigest() == UNCHANGED_TEST_SHA256
+
+
+def test_variants_never_hold_a_heldout_combo():
+    ds = ShapesWorld("train", size=5_000)
+    for i in range(len(ds)):
+        for k in range(3):
+            assert not any(is_heldout(o) for o in perturb(ds.scene(i), np.random.default_rng([i, k])))
+    for i in range(100):
+        assert not _combos(ds.variant(i)[1]) & set(HELDOUT_COMBOS)
+
+
+def test_flickr30k_has_no_cogent_split():
+    with pytest.raises(ValueError, match="only in the synthetic shapes world"):
+        build_dataset("flickr30k", "cogent", root="data/flickr30k")
+    with pytest.raises(ValueError, match="unknown split"):
+        ShapesWorld("cogen")

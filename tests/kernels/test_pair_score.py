@@ -38,11 +38,15 @@ def test_naive_matches_loop_definition():
     torch.testing.assert_close(pair_score_naive(*args), _loop_reference(*args))
 
 
-@pytest.mark.parametrize("chunk,block", [(1, 1), (50, 2), (10_000, 3), (1 << 26, 16)])
-def test_chunked_matches_naive_forward_and_backward(chunk, block):
-    args = _inputs(grad=True)
+@pytest.mark.parametrize("chunk,block", [(1, 1), (50, 50), (10_000, 100), (1 << 26, 1 << 20)])
+@pytest.mark.parametrize("big_logits", [False, True])
+def test_chunked_matches_naive_forward_and_backward(chunk, block, big_logits):
+    """Every block layout, with and without recompute, and logits past the no-shift bound (max shift on)."""
+    args = list(_inputs(grad=True))
+    if big_logits:
+        args[0] = (30 * args[0].detach()).requires_grad_()  # |<q, k>|·scale up to ~100: exp needs the shift
     a = pair_score_naive(*args)
-    b = pair_score_reference(*args, chunk_elements=chunk, text_block=block)
+    b = pair_score_reference(*args, chunk_elements=chunk, block_elements=block)
     torch.testing.assert_close(a, b)
     tensors = [args[i] for i in (0, 2, 3, 5)]
     w = torch.randn_like(a)
@@ -55,7 +59,7 @@ def test_chunked_matches_naive_forward_and_backward(chunk, block):
 def test_gradcheck_reference_float64():
     args = _inputs(bt=3, bi=2, t=4, s=5, da=3, de=2, grad=True)
     q, qm, u, k, km, v = args
-    fn = lambda q, u, k, v: pair_score_reference(q, qm, u, k, km, v, chunk_elements=8, text_block=2)  # noqa: E731
+    fn = lambda q, u, k, v: pair_score_reference(q, qm, u, k, km, v, chunk_elements=8, block_elements=8)  # noqa: E731
     assert torch.autograd.gradcheck(fn, (q, u, k, v))
 
 
@@ -73,17 +77,20 @@ def test_padding_never_changes_a_score():
 def test_blocks_respect_the_memory_bound(monkeypatch):
     """No block ever holds more than chunk_elements attention weights (B_t·B_i·H·T·S is never allocated)."""
     seen = []
-    real = ps_module._block
+    real = torch.bmm
 
-    def spy(q, q_mask, u, k, k_mask, v, scale):
-        seen.append(q.shape[0] * k.shape[0] * q.shape[1] * q.shape[2] * k.shape[2])
-        return real(q, q_mask, u, k, k_mask, v, scale)
+    def spy(a, b):
+        out = real(a, b)
+        seen.append(out.numel())
+        return out
 
-    monkeypatch.setattr(ps_module, "_block", spy)
+    monkeypatch.setattr(ps_module.torch, "bmm", spy)
     args = _inputs(bt=20, bi=30, h=2, t=7, s=9)
-    chunk = 2 * 7 * 9 * 5  # room for 5 image columns of one caption
-    out = pair_score_reference(*args, chunk_elements=chunk, text_block=1)
+    chunk = 2 * 7 * 9 * 5  # room for 5 image columns of 7 tokens
+    out = pair_score_reference(*args, chunk_elements=chunk)
+    monkeypatch.undo()
     assert out.shape == (20, 30) and max(seen) <= chunk and len(seen) > 20
+    torch.testing.assert_close(out, pair_score_naive(*args))
 
 
 def test_single_caption_and_single_image():

@@ -1,0 +1,38 @@
+"""Contrastive losses: symmetric InfoNCE, and caption hard negatives on the image->text side (NegCLIP)."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from mmgeo.losses import retrieval_loss, symmetric_infonce
+
+
+def test_symmetric_infonce_is_the_mean_of_both_directions():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(5, 5, generator=g)
+    target = torch.arange(5)
+    expect = 0.5 * (F.cross_entropy(logits, target) + F.cross_entropy(logits.T, target))
+    torch.testing.assert_close(symmetric_infonce(logits), expect)
+
+
+def test_negatives_join_the_image_to_text_side_only():
+    """With N_neg extra captions, image i's softmax runs over the B captions and every negative; the
+    text->image side (B captions over B images) is unchanged."""
+    g = torch.Generator().manual_seed(1)
+    logits, neg = torch.randn(4, 4, generator=g), torch.randn(6, 4, generator=g)  # (B, B), (N_neg, B)
+    out = retrieval_loss({"global": logits}, negative_logits={"global": neg})
+    target = torch.arange(4)
+    t2i = F.cross_entropy(logits, target)
+    i2t = F.cross_entropy(torch.cat([logits, neg]).T, target)  # (B, B + N_neg)
+    torch.testing.assert_close(out["loss"], 0.5 * (t2i + i2t))
+    assert out["loss"] > retrieval_loss({"global": logits})["loss"]  # negatives only add competitors
+
+
+def test_negatives_for_every_score_of_a_geometric_model():
+    g = torch.Generator().manual_seed(2)
+    logits = {k: torch.randn(3, 3, generator=g) for k in ("geometric", "global")}
+    neg = {k: torch.randn(2, 3, generator=g) for k in logits}
+    out = retrieval_loss(logits, global_weight=0.5, negative_logits=neg)
+    torch.testing.assert_close(out["loss"], out["loss_geometric"] + 0.5 * out["loss_global"])
+    with pytest.raises(KeyError):
+        retrieval_loss(logits, negative_logits={"global": neg["global"]})  # a score without its negatives
