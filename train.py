@@ -334,7 +334,7 @@ class RetrievalModule(L.LightningModule):
             for p in self.groups["value"]:
                 p.grad = None
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-        bad_grad = bool(grads) and not bool(torch.stack([torch.isfinite(g).all() for g in grads]).all())
+        bad_grad = bool(grads) and not bool(torch.isfinite(torch.stack(torch._foreach_norm(grads))).all())  # one pass
         bad = all_reduce_any(self._loss_nonfinite or bad_grad, self.device)
         if bad:
             for p in self.model.parameters():
@@ -507,7 +507,8 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> Path:
     module = RetrievalModule(cfg)
     train = open_split(d, "train", d.train_size)
     loader = build_loader(cfg, module, train)
-    callbacks = [L.pytorch.callbacks.LearningRateMonitor("step"), *(callbacks or [])]
+    callbacks = [L.pytorch.callbacks.LearningRateMonitor("step"), L.pytorch.callbacks.TQDMProgressBar(refresh_rate=10),
+                 *(callbacks or [])]
     if t.checkpoint_every_n_steps:
         callbacks.append(L.pytorch.callbacks.ModelCheckpoint(
             dirpath=run_dir / "checkpoints", filename="step={step:06d}", auto_insert_metric_name=False,

@@ -164,11 +164,20 @@ def breakdown(train, spec: dict, batches: int) -> tuple[dict[str, float | None],
         piece("text_fwd", lambda: model.forward_text(state["collate"]["input_ids"], state["collate"]["attention_mask"]),
               rec)
         piece("image_fwd", lambda: model.forward_image(state["collate"]["pixels"]), rec)
-        piece("loss", lambda: losses.contrastive_loss(model, state["text_fwd"], state["image_fwd"],
-                                                      cfg.loss.global_weight, cfg.loss.local_loss)["loss"], rec)
+        piece("loss", lambda: _loss(losses, model, state, cfg), rec)
         piece("backward", lambda: state["loss"].backward(), rec)
         piece("optimizer", lambda: (opt.step(), opt.zero_grad(set_to_none=True)), rec)
     return {p: statistics.median(times[p]) if times[p] and p not in errors else None for p in PIECES}, errors
+
+
+def _loss(losses, model, state: dict, cfg):
+    """The training step's loss; caption negatives (rows past ``num_captions``) go in as train.py passes them."""
+    text, image, batch = state["text_fwd"], state["image_fwd"], state["collate"]
+    args = (cfg.loss.global_weight, cfg.loss.local_loss)
+    B = int(batch["num_captions"]) if "num_captions" in batch else len(text)
+    if B < len(text):
+        return losses.contrastive_loss(model, text[:B], image, *args, text[B:])["loss"]
+    return losses.contrastive_loss(model, text, image, *args)["loss"]
 
 
 # ---------------------------------------------------------------------------------------------- parent process

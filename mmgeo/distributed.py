@@ -88,6 +88,21 @@ def gather_embedding(e: Embedding) -> Embedding:
                      all_gather_no_grad(_pad_tokens(e.mask, L, 1)))  # (W·B, L)
 
 
+def gather_ragged(e: Embedding) -> Embedding:
+    """Like ``gather_embedding`` for a local batch whose size differs across ranks (e.g. caption hard
+    negatives): rows are padded to the largest local count, gathered, and the padding rows dropped again.
+    Padding rows carry one "real" token so that they are valid inputs until they are dropped."""
+    n = len(e)
+    N = global_max(n, e.pooled.device)
+    valid = torch.arange(N, device=e.pooled.device) < n  # (N,)
+    rows = lambda x: None if x is None else F.pad(x, [0, 0] * (x.dim() - 1) + [0, N - n])  # noqa: E731
+    mask = rows(e.mask)
+    if mask is not None and N > n:
+        mask[n:, 0] = True
+    padded = Embedding(rows(e.pooled), rows(e.attn), rows(e.value), mask)
+    return gather_embedding(padded)[all_gather_no_grad(valid)]  # (Σ_r n_r, ...) in rank order
+
+
 def all_reduce_any(flag: bool, device: torch.device) -> bool:
     """True on every rank when ``flag`` is True on any rank (so all ranks take the same branch)."""
     if rank_and_world()[1] == 1:

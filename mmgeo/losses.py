@@ -62,28 +62,29 @@ def contrastive_loss(model, text, image, global_weight: float = 1.0, local_loss:
       affordable at scale); its loss L_r averages over its B pairs and L = mean_r L_r, so the same
       argument gives dL/dθ again. The returned loss is L_r: average it over ranks to log L.
 
-    ``negatives``: this rank's hard-negative captions (Embedding, any number), scored against this rank's
-    images only and added to the image->text side (``retrieval_loss``); on several ranks that needs
-    ``local_loss=True`` (ranks hold different numbers of negatives, so they are not gathered).
+    ``negatives``: this rank's hard-negative captions (Embedding, any number), added to the image->text side
+    (``retrieval_loss``). On several ranks they are gathered like the captions (``gather_ragged``: ranks may
+    hold different numbers), so every image meets every negative of the global batch, as on one process.
 
     Limits: equal local batch sizes; dropout draws differ from a single process (each rank its own masks).
     """
-    from mmgeo.distributed import check_equal_batches, gather_embedding, rank_and_world
+    from mmgeo.distributed import check_equal_batches, gather_embedding, gather_ragged, global_max, rank_and_world
 
     rank, world = rank_and_world()
-    neg = None if negatives is None or len(negatives) == 0 else model.logits(negatives, image)  # (N_neg, B) each
     if world == 1:
+        neg = None if negatives is None or len(negatives) == 0 else model.logits(negatives, image)  # (N_neg, B)
         return retrieval_loss(model.logits(text, image), global_weight, neg)
-    if neg is not None and not local_loss:
-        raise ValueError("caption hard negatives on several ranks need loss.local_loss: true (each rank scores its "
-                         "own negatives against its own images)")
     B = len(text)
     check_equal_batches(B, text.pooled.device)
     all_text, all_image = gather_embedding(text), gather_embedding(image)  # (W·B, ...)
+    has_neg = negatives is not None and global_max(len(negatives), text.pooled.device) > 0  # same on every rank
+    all_neg = gather_ragged(negatives) if has_neg else None  # (Σ N_neg, ...) every rank's negatives
     if not local_loss:
-        return retrieval_loss(model.logits(all_text, all_image), global_weight)
+        neg = model.logits(all_neg, all_image) if has_neg else None  # (Σ N_neg, W·B)
+        return retrieval_loss(model.logits(all_text, all_image), global_weight, neg)
     text_side = model.logits(text, all_image)  # each (B, W·B): local captions vs all images
     image_side = model.logits(all_text, image)  # each (W·B, B): all captions vs local images
-    if neg is not None:
-        image_side = {k: torch.cat([v, neg[k]]) for k, v in image_side.items()}  # + local negatives as rows
+    if has_neg:
+        neg = model.logits(all_neg, image)  # (Σ N_neg, B): every negative vs local images
+        image_side = {k: torch.cat([v, neg[k]]) for k, v in image_side.items()}
     return _combine({k: infonce(text_side[k], image_side[k].T, offset=rank * B) for k in text_side}, global_weight)

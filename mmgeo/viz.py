@@ -154,7 +154,8 @@ def main(argv: list[str] | None = None) -> Path:
         if not text:
             p.error("--text is required for an image file")
         words, maps = attention_maps(model, image, text)
-        out = plot_heatmaps(image, words, maps, args.out, title=text)
+        score = float(model.score(model.encode_text([text]), model.encode_image([image]))[0, 0])  # geometric
+        out = plot_heatmaps(image, words, maps, args.out, title=f"{text}   (geometric score {score:.4f})")
     print(f"written {out}")
     return out
 

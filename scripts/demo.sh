@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The main job on the embedded default: install, train geo-tiny on the synthetic shapes world (CPU),
-# evaluate on its 1,000-image test split, print the R@K table. Extra arguments go to train.py.
+# evaluate on its 1,000-image test split: the R@K table, then the compositional suite (true caption vs
+# minimally edited caption, per edit type) on its first 300 images. Extra arguments go to train.py.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
 export HF_HUB_OFFLINE=1
 .venv/bin/python train.py --config configs/synthetic.yaml "$@"
-.venv/bin/python eval.py --ckpt runs/synthetic/model.pt --data synthetic --split test --out runs/synthetic/results.json \
-  --plot runs/synthetic/recall.png
+.venv/bin/python eval.py --ckpt runs/synthetic/model.pt --data synthetic --split test --suite all --suite-limit 300 \
+  --out runs/synthetic/results.json --plot runs/synthetic/recall.png

@@ -58,3 +58,25 @@ def test_train_speed_tiny(tmp_path):
         assert "overhead_ms" in med
     assert "| samples/s |" in res.stdout and "current/ref" in res.stdout
     assert f"json: {out}" in res.stdout
+
+
+def test_compare_table_means_over_seeds(tmp_path):
+    """Two seeds of one model: mean, sample std and lowest seed of R@1 and of each edit type, per split."""
+    def run(name, seed, r1, swap):
+        d = tmp_path / f"{name}_s{seed}"
+        d.mkdir()
+        (d / "config.yaml").write_text(f"# python train.py --config x\nmodel: {name}\n")
+        for split in ("test", "cogent"):
+            result = {"metrics": {"text_to_image_R@1": r1, "image_to_text_R@1": r1},
+                      "compositional": {"edits": {"swap_color": {"accuracy": swap, "n": 10}},
+                                        "all_edits": {"accuracy": swap, "n": 10},
+                                        "consistency": {"all_rewrites": {"consistency": 1.0, "n": 4}}}}
+            (d / f"results_{split}.json").write_text(json.dumps(result))
+        return str(d)
+
+    runs = [run("geo-tiny", 0, 0.9, 0.8), run("geo-tiny", 1, 0.8, 1.0)]
+    res = subprocess.run([sys.executable, "benchmarks/compare_table.py", *runs], cwd=ROOT, capture_output=True,
+                         text=True, check=True)
+    assert "| swap_color | 90.0 ± 14.1 (80.0) |" in res.stdout
+    table = json.loads((tmp_path / "compare.json").read_text())
+    assert table["cogent"]["text→image R@1"]["geo-tiny"]["seeds"] == pytest.approx([90.0, 80.0])

@@ -3,6 +3,7 @@
 from mmgeo.layers.geo_attention_block import GeometricAttentionBlock, convert_attention
 from mmgeo.layers.key_head import ConvChannelAttentionKeyHead
 from mmgeo.layers.lowrank import LowRankMapping
+from mmgeo.layers.phrase_window import PhraseWindow
 from mmgeo.layers.text_mlp import PositionAwareTextMLP, relative_positions, sinusoidal_features
 from mmgeo.layers.value_proj import ValueProjection
 
@@ -10,6 +11,7 @@ __all__ = [
     "ConvChannelAttentionKeyHead",
     "GeometricAttentionBlock",
     "LowRankMapping",
+    "PhraseWindow",
     "PositionAwareTextMLP",
     "ValueProjection",
     "convert_attention",

@@ -34,6 +34,8 @@ class ModelConfig:
     d_a: int = 32  # attention-space dimension per head (queries and keys)
     d_e: int = 32  # value dimension per head (û, v̂)
     query_hidden: int = 256  # hidden width of the position-aware text MLP
+    phrase_window: int = 0  # ±w neighbouring token states next to each token's own, for its query and value
+    # (mmgeo.layers.PhraseWindow: the words of its phrase, so attributes bind to their object); 0 = own state only
     pos_dim: int = 16  # sinusoidal features of the relative token position
     key_hidden: int = 128  # channels of the conv / channel-attention key head
     spatial_gate: bool = False  # add a spatial gate after the channel gate in the key head

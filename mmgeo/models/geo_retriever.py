@@ -19,7 +19,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from mmgeo.kernels import pair_score
-from mmgeo.layers import ConvChannelAttentionKeyHead, LowRankMapping, PositionAwareTextMLP, ValueProjection
+from mmgeo.layers import (
+    ConvChannelAttentionKeyHead,
+    LowRankMapping,
+    PhraseWindow,
+    PositionAwareTextMLP,
+    ValueProjection,
+)
 from mmgeo.models.config import ModelConfig
 from mmgeo.models.towers import (
     build_image_tower,
@@ -98,8 +104,10 @@ class GeoRetriever(nn.Module):
         self.geometric = cfg.score == "geometric"
         if self.geometric:
             H = cfg.num_heads
-            self.query_mlp = PositionAwareTextMLP(text_dim, H, cfg.d_a, cfg.query_hidden, cfg.pos_dim)  # M_Q
-            self.text_value = nn.Linear(text_dim, H * cfg.d_e)  # W_u
+            self.phrase = PhraseWindow(cfg.phrase_window)  # each token with its ±w neighbours
+            phrase_dim = self.phrase.out_dim(text_dim)
+            self.query_mlp = PositionAwareTextMLP(phrase_dim, H, cfg.d_a, cfg.query_hidden, cfg.pos_dim)  # M_Q
+            self.text_value = nn.Linear(phrase_dim, H * cfg.d_e)  # W_u
             self.key_head = ConvChannelAttentionKeyHead(image_dim, grid, H, cfg.d_a, cfg.key_hidden,
                                                         cfg.spatial_gate)  # M_K
             self.value_proj = ValueProjection(image_dim, H, cfg.d_e, gated=cfg.gated_value)  # P_V
@@ -142,10 +150,11 @@ class GeoRetriever(nn.Module):
         if not self.geometric:
             return Embedding(pooled)
         B, T, _ = h.shape
-        q = self.query_mlp(h, mask)  # (B, H, T, d_a)
+        hw = self.phrase(h, mask)  # (B, T, (2w+1)·C): each token with its neighbours
+        q = self.query_mlp(hw, mask)  # (B, H, T, d_a)
         if self.lowrank is not None:
             q = self.lowrank(q)
-        u = self.text_value(h).view(B, T, self.cfg.num_heads, self.cfg.d_e).transpose(1, 2)  # (B, H, T, d_e)
+        u = self.text_value(hw).view(B, T, self.cfg.num_heads, self.cfg.d_e).transpose(1, 2)  # (B, H, T, d_e)
         return Embedding(pooled, q, F.normalize(u, dim=-1), mask)
 
     def forward_image(self, pixels: torch.Tensor) -> Embedding:

@@ -35,6 +35,6 @@ def test_training_with_caption_negatives_changes_the_loss(tmp_path):
         rows = [r for r in csv.DictReader(open(run.parent / "metrics.csv")) if r.get("train/loss")]
         return float(rows[0]["train/loss"])
 
-    plain = _train(tmp_path / "plain", steps=1)
+    plain = _train(tmp_path / "plain", steps=1, extra=["--data.caption_negatives", "0"])
     negs = _train(tmp_path / "negs", steps=1, extra=["--data.caption_negatives", "2"])
     assert np.isfinite(first_loss(negs)) and first_loss(negs) > first_loss(plain)

@@ -26,7 +26,7 @@ STEPS, EVERY, ITEMS, ITEMS_PER_STEP = 30, 3, 64, 8  # 8 steps per epoch: checkpo
 
 def _args(out: Path, name: str, *extra: str) -> list[str]:
     args = ["--config", "configs/synthetic.yaml", "--name", name, "--out_dir", str(out),
-            "--trainer.max_steps", str(STEPS), "--trainer.batch_size", str(2 * ITEMS_PER_STEP),
+            "--trainer.max_steps", str(STEPS), "--trainer.batch_size", str(ITEMS_PER_STEP),
             "--trainer.checkpoint_every_n_steps", str(EVERY), "--trainer.log_samples", "true",
             "--trainer.val_every_n_steps", "0", "--trainer.log_every_n_steps", "1", "--trainer.threads", "1",
             "--data.train_size", str(ITEMS), "--data.val_size", "0", "--data.num_workers", "1",

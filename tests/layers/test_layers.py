@@ -72,3 +72,30 @@ def test_lowrank_mapping_starts_as_rank_r_projection():
     torch.testing.assert_close(m(y), y, atol=1e-5, rtol=1e-5)  # idempotent: a projection
     with pytest.raises(ValueError, match="rank"):
         LowRankMapping(4, 5)
+
+
+def test_phrase_window_concatenates_neighbours_in_order_with_zero_padding():
+    from mmgeo.layers import PhraseWindow
+
+    h = torch.arange(1, 7, dtype=torch.float32).view(1, 3, 2)  # tokens (1,2), (3,4), (5,6)
+    mask = torch.tensor([[True, True, False]])  # the third token is padding
+    out = PhraseWindow(1)(h, mask)  # (1, 3, 6): [h_{t-1}; h_t; h_{t+1}]
+    assert out.shape == (1, 3, 6)
+    assert out[0, 0].tolist() == [0, 0, 1, 2, 3, 4]  # nothing before the first token
+    assert out[0, 1].tolist() == [1, 2, 3, 4, 0, 0]  # padding after the last real token reads as zeros
+    assert PhraseWindow(0)(h, mask) is h and PhraseWindow(2).out_dim(8) == 40
+
+
+def test_phrase_window_makes_a_tokens_value_depend_on_its_neighbours():
+    """With w > 0 the value of "circle" changes when the colour before it changes; with w = 0 only through
+    the encoder's own context."""
+    import mmgeo
+
+    torch.manual_seed(0)
+    model = mmgeo.create_model("geo-tiny", phrase_window=2, text_layers=0).eval()
+    emb = model.encode_text(["a red circle", "a blue circle"])
+    circle = 3  # [CLS] a red circle
+    assert not torch.allclose(emb.value[0, :, circle], emb.value[1, :, circle])
+    plain = mmgeo.create_model("geo-tiny", phrase_window=0, text_layers=0).eval()
+    emb = plain.encode_text(["a red circle", "a blue circle"])
+    torch.testing.assert_close(emb.value[0, :, circle], emb.value[1, :, circle])  # no encoder layers: no context
