@@ -94,20 +94,22 @@ class _BlockScore(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q, u, k, v, mask, shift: bool):
+    def forward(ctx, q, u, k, v, mask, shift: bool, return_max: bool = False):
         H, n, _ = q.shape
         b, S = k.shape[1], k.shape[2]
         k2, v2 = k.reshape(H, b * S, -1), v.reshape(H, b * S, -1)  # (H, b·S, d)
         logits = torch.bmm(q, k2.transpose(1, 2)).view(H, n, b, S)  # (H, n, b, S)
         if mask is not None:
             logits.masked_fill_(~mask[None, None], float("-inf"))
+        row_max = logits.amax(-1, keepdim=True) if shift else None  # (H, n, b, 1)
         if shift:
-            logits -= logits.amax(-1, keepdim=True)
+            logits -= row_max
         weights = logits.exp_()  # unnormalised a_tj
         uv = torch.bmm(u, v2.transpose(1, 2)).view(H, n, b, S)  # <u_t, v_j>
         den = weights.sum(-1)  # (H, n, b)
-        if not any(ctx.needs_input_grad[:4]):
-            return torch.einsum("hnbs,hnbs->hnb", weights, uv) / den
+        if ctx is None or not any(ctx.needs_input_grad[:4]):
+            out = torch.einsum("hnbs,hnbs->hnb", weights, uv) / den
+            return (out, row_max[..., 0]) if return_max else out
         attn = weights.div_(den[..., None])  # a_tj
         out = torch.einsum("hnbs,hnbs->hnb", attn, uv)
         ctx.save_for_backward(q, u, k2, v2, attn, uv, out)
@@ -124,7 +126,7 @@ class _BlockScore(torch.autograd.Function):
         dq, dk = torch.bmm(d_logits, k2), torch.bmm(d_logits.transpose(1, 2), q)
         du, dv = torch.bmm(d_uv, v2), torch.bmm(d_uv.transpose(1, 2), u)
         b, S = ctx.shape
-        return dq, du, dk.view(H, b, S, -1), dv.view(H, b, S, -1), None, None
+        return dq, du, dk.view(H, b, S, -1), dv.view(H, b, S, -1), None, None, None
 
 
 def candidate_scores(q, u, keys, values, mask, scale: float, block_elements: int = BLOCK_ELEMENTS,
@@ -149,8 +151,11 @@ def candidate_scores(q, u, keys, values, mask, scale: float, block_elements: int
     def block(qb, ub, kb, vb, mb):
         return _BlockScore.apply(qb, ub, kb, vb, mb if masked else None, shift).sum(0)  # (n, b)
 
-    rows = []
+    grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, u, keys, values))
     with torch.autocast(q.device.type, enabled=False):  # in the inputs' dtype (fp32 accumulation) under autocast
+        if not grad and shift and B_i > ci:
+            return _scores_folded_shift(q, u, keys, values, mask if masked else None, ct, ci)
+        rows = []
         for a in range(0, N, ct):
             cols = []
             for c in range(0, B_i, ci):
@@ -158,6 +163,40 @@ def candidate_scores(q, u, keys, values, mask, scale: float, block_elements: int
                 cols.append(checkpoint(block, *args, use_reentrant=False) if recompute else block(*args))
             rows.append(torch.cat(cols, dim=1))
     return torch.cat(rows, dim=0) if rows else q.new_zeros(0, B_i)
+
+
+def _scores_folded_shift(q, u, keys, values, mask, ct: int, ci: int) -> torch.Tensor:
+    """``candidate_scores`` without autograd when the logits may pass ``SAFE_LOGIT``: (N, B_i).
+
+    The softmax's shift is folded into the logit GEMM: for each block of tokens the first block of
+    images is scored with the exact per-row max, whose max over those images m_t becomes the shift of
+    every later block (a column -m_t on q against a column of ones on k), so no block needs the max
+    pass and the subtraction. A later block where exp(<q, k> - m_t) overflows or vanishes entirely is
+    redone with its exact max. q is already scaled; mask (B_i, S) or None.
+    """
+    H, N, _ = q.shape
+    B_i, S = keys.shape[1], keys.shape[2]
+    keys_aug = torch.cat([keys, keys.new_ones(H, B_i, S, 1)], dim=-1)  # (H, B_i, S, d_a + 1)
+    out = q.new_empty(N, B_i)
+    for a in range(0, N, ct):
+        qb, ub = q[:, a:a + ct], u[:, a:a + ct]
+        n = qb.shape[1]
+        q_aug = None
+        for c in range(0, B_i, ci):
+            mb = None if mask is None else mask[c:c + ci]
+            part = None
+            if q_aug is not None:  # shift folded in: logits - m_t straight out of the GEMM
+                part = _BlockScore.forward(None, q_aug, ub, keys_aug[:, c:c + ci], values[:, c:c + ci], mb, False)
+                if not bool(torch.isfinite(part).all()):  # overflow, or every weight of a row underflowed
+                    part = None
+            if part is None:
+                part, row_max = _BlockScore.forward(None, qb, ub, keys[:, c:c + ci], values[:, c:c + ci], mb, True,
+                                                    return_max=True)
+                if q_aug is None:
+                    shift = row_max.amax(dim=-1)  # (H, n): max logit of each token over this block's images
+                    q_aug = torch.cat([qb, -shift[..., None]], dim=-1)  # (H, n, d_a + 1)
+            out[a:a + n, c:c + part.shape[-1]] = part.sum(0)
+    return out
 
 
 def pair_score_reference(q, q_mask, u, k, k_mask, v, scale: float | None = None,

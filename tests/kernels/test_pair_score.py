@@ -110,3 +110,19 @@ def test_errors_name_the_shapes():
     empty[0] = False
     with pytest.raises(ValueError, match="at least one real token"):
         pair_score(q, empty, u, k, km, v)
+
+
+@pytest.mark.parametrize("spread", [1.0, 30.0, 300.0])
+def test_inference_with_the_shift_folded_into_the_gemm(spread):
+    """No autograd, logits past the no-shift bound, many image blocks: the first block's max is the shift of
+    the rest; later images with logits far above it (overflow) or far below (underflow) redo their block."""
+    q, qm, u, k, km, v = _inputs(bt=6, bi=12, t=5, s=7, da=4, de=3, dtype=torch.float32)
+    q = 20 * q  # |<q, k>|·scale well past SAFE_LOGIT: the shifted path
+    k = k.clone()
+    k[4:8] *= spread  # images of later blocks with much larger logits than the first block's
+    k[8:] /= spread
+    with torch.no_grad():
+        out = pair_score_reference(q, qm, u, k, km, v, block_elements=2 * 7 * 5 * 2)  # 2 images per block
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, pair_score_naive(q.double(), qm, u.double(), k.double(), km, v.double()).float(),
+                               atol=1e-4, rtol=1e-4)
