@@ -85,6 +85,29 @@ def pair_score_naive(q, q_mask, u, k, k_mask, v, scale: float | None = None) -> 
     return _block(q, q_mask, u, k, k_mask, v, scale or q.shape[-1] ** -0.5)
 
 
+def _block_weights(q, u, k, v, mask, shift: bool):
+    """Unnormalised weights exp(<q_t, k_j> - m) and <u_t, v_j> of a block, both (H, n, b, S), and the
+    per-(token, image) max m (H, n, b) when ``shift`` (else None). q (H, n, d_a) scaled, u (H, n, d_e),
+    k (H, b, S, d_a), v (H, b, S, d_e), mask (b, S) or None."""
+    H, n, _ = q.shape
+    b, S = k.shape[1], k.shape[2]
+    logits = torch.bmm(q, k.reshape(H, b * S, -1).transpose(1, 2)).view(H, n, b, S)  # (H, n, b, S)
+    if mask is not None:
+        logits.masked_fill_(~mask[None, None], float("-inf"))
+    row_max = logits.amax(-1, keepdim=True) if shift else None  # (H, n, b, 1)
+    if shift:
+        logits -= row_max
+    weights = logits.exp_()  # in place: bmm keeps no output for backward
+    uv = torch.bmm(u, v.reshape(H, b * S, -1).transpose(1, 2)).view(H, n, b, S)  # <u_t, v_j>
+    return weights, uv, None if row_max is None else row_max[..., 0]
+
+
+def _block_scores(q, u, k, v, mask, shift: bool):
+    """Σ_j a_tj <u_t, v_j> of a block without autograd: (H, n, b), and the per-(token, image) max logit."""
+    weights, uv, row_max = _block_weights(q, u, k, v, mask, shift)
+    return torch.einsum("hnbs,hnbs->hnb", weights, uv) / weights.sum(-1), row_max
+
+
 class _BlockScore(torch.autograd.Function):
     """Σ_j a_tj <u_t, v_j> per head for a block: (H, n, b), with a hand-written backward.
 
@@ -94,25 +117,14 @@ class _BlockScore(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q, u, k, v, mask, shift: bool, return_max: bool = False):
-        H, n, _ = q.shape
-        b, S = k.shape[1], k.shape[2]
-        k2, v2 = k.reshape(H, b * S, -1), v.reshape(H, b * S, -1)  # (H, b·S, d)
-        logits = torch.bmm(q, k2.transpose(1, 2)).view(H, n, b, S)  # (H, n, b, S)
-        if mask is not None:
-            logits.masked_fill_(~mask[None, None], float("-inf"))
-        row_max = logits.amax(-1, keepdim=True) if shift else None  # (H, n, b, 1)
-        if shift:
-            logits -= row_max
-        weights = logits.exp_()  # unnormalised a_tj
-        uv = torch.bmm(u, v2.transpose(1, 2)).view(H, n, b, S)  # <u_t, v_j>
-        den = weights.sum(-1)  # (H, n, b)
-        if ctx is None or not any(ctx.needs_input_grad[:4]):
-            out = torch.einsum("hnbs,hnbs->hnb", weights, uv) / den
-            return (out, row_max[..., 0]) if return_max else out
-        attn = weights.div_(den[..., None])  # a_tj
+    def forward(ctx, q, u, k, v, mask, shift: bool):
+        if not any(ctx.needs_input_grad[:4]):
+            return _block_scores(q, u, k, v, mask, shift)[0]
+        weights, uv, _ = _block_weights(q, u, k, v, mask, shift)
+        attn = weights.div_(weights.sum(-1, keepdim=True))  # a_tj
         out = torch.einsum("hnbs,hnbs->hnb", attn, uv)
-        ctx.save_for_backward(q, u, k2, v2, attn, uv, out)
+        H, b, S = k.shape[:3]
+        ctx.save_for_backward(q, u, k.reshape(H, b * S, -1), v.reshape(H, b * S, -1), attn, uv, out)
         ctx.shape = (b, S)
         return out
 
@@ -126,7 +138,7 @@ class _BlockScore(torch.autograd.Function):
         dq, dk = torch.bmm(d_logits, k2), torch.bmm(d_logits.transpose(1, 2), q)
         du, dv = torch.bmm(d_uv, v2), torch.bmm(d_uv.transpose(1, 2), u)
         b, S = ctx.shape
-        return dq, du, dk.view(H, b, S, -1), dv.view(H, b, S, -1), None, None, None
+        return dq, du, dk.view(H, b, S, -1), dv.view(H, b, S, -1), None, None
 
 
 def candidate_scores(q, u, keys, values, mask, scale: float, block_elements: int = BLOCK_ELEMENTS,
@@ -186,12 +198,11 @@ def _scores_folded_shift(q, u, keys, values, mask, ct: int, ci: int) -> torch.Te
             mb = None if mask is None else mask[c:c + ci]
             part = None
             if q_aug is not None:  # shift folded in: logits - m_t straight out of the GEMM
-                part = _BlockScore.forward(None, q_aug, ub, keys_aug[:, c:c + ci], values[:, c:c + ci], mb, False)
+                part = _block_scores(q_aug, ub, keys_aug[:, c:c + ci], values[:, c:c + ci], mb, False)[0]
                 if not bool(torch.isfinite(part).all()):  # overflow, or every weight of a row underflowed
                     part = None
             if part is None:
-                part, row_max = _BlockScore.forward(None, qb, ub, keys[:, c:c + ci], values[:, c:c + ci], mb, True,
-                                                    return_max=True)
+                part, row_max = _block_scores(qb, ub, keys[:, c:c + ci], values[:, c:c + ci], mb, True)
                 if q_aug is None:
                     shift = row_max.amax(dim=-1)  # (H, n): max logit of each token over this block's images
                     q_aug = torch.cat([qb, -shift[..., None]], dim=-1)  # (H, n, d_a + 1)
