@@ -49,7 +49,7 @@ def table(runs: list[Path]) -> dict:
         if not models:
             continue
         names = list(next(iter(models.values()))[0])
-        print(f"\n{split} split — mean ± std over seeds (lowest seed), %")
+        print(f"\n**{split} split** — mean ± std over seeds (lowest seed), %\n")
         print("| | " + " | ".join(f"{k} (n={len(v)})" for k, v in models.items()) + " |")
         print("|---|" + "---|" * len(models))
         out[split] = {}
