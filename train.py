@@ -24,13 +24,14 @@ import torch
 import yaml
 from torch.utils.data import DataLoader, Dataset
 
-from mmgeo.checkpoint import atomic_path, model_record, save_model
+from mmgeo.checkpoint import model_record, save_model
 from mmgeo.config import load_config, to_dict
 from mmgeo.data import MAX_PIXELS, build_dataset
 from mmgeo.data.caption_edits import EDIT_KINDS, caption_negatives
 from mmgeo.data.sampler import ResumableBatchSampler, SampleLog
 from mmgeo.diagnostics import diagnose, nonfinite_cause, orthogonality_penalty, qk_weights, scalars
 from mmgeo.distributed import all_gather_no_grad, all_reduce_any, rank_and_world
+from mmgeo.io import atomic_path
 from mmgeo.losses import contrastive_loss
 from mmgeo.metrics import retrieval_metrics
 from mmgeo.models import create_model

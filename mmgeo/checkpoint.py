@@ -15,15 +15,14 @@ raises a ValueError saying how to convert the file.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
-import tempfile
 from pathlib import Path
 
 import torch
 
+from mmgeo.io import atomic_path
 from mmgeo.models import GeoRetriever, ModelConfig
 from mmgeo.models.towers import refused_pickle
 
@@ -37,24 +36,6 @@ CONVERT = ("if you trust its source, load it in an isolated, trusted environment
 def model_record(model: GeoRetriever) -> dict:
     """The config part of a checkpoint (plain types only)."""
     return {"format": FORMAT, "version": VERSION, "config": dataclasses.asdict(model.cfg)}
-
-
-@contextlib.contextmanager
-def atomic_path(path: str | os.PathLike):
-    """Yield a temp path next to ``path``; once the block has written it, fsync and rename it onto ``path``.
-    A crash or kill mid-write leaves ``path`` as it was (never truncated); an error removes the temp file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        yield tmp
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def save_model(model: GeoRetriever, path: str | os.PathLike, state_dict: dict | None = None) -> Path:

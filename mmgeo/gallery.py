@@ -20,16 +20,14 @@ import hashlib
 import json
 import math
 import os
-import shutil
-import tempfile
 import warnings
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from mmgeo.io import StagedDir
 from mmgeo.kernels.pair_score import candidate_scores
 from mmgeo.shards import ShardedIndex, ShardsError, write_sharded
 
@@ -105,48 +103,6 @@ def open_image(path: str | os.PathLike, max_pixels: int = 50_000_000):
             return im.convert("RGB")
 
 
-@dataclass
-class _Staging:
-    """Temp directory next to the target; ``commit`` swaps it in, ``discard`` removes it."""
-
-    target: Path
-    tmp: Path
-
-    @classmethod
-    def next_to(cls, target: Path) -> _Staging:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        _remove_stale(target)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.building-{os.getpid()}-", dir=target.parent))
-        umask = os.umask(0)
-        os.umask(umask)
-        tmp.chmod(0o777 & ~umask)  # mkdtemp makes it private; the index should read like any directory
-        return cls(target, tmp)
-
-    def commit(self) -> None:
-        old = None
-        if self.target.exists():
-            old = self.target.with_name(f".{self.target.name}.old-{os.getpid()}")
-            os.replace(self.target, old)
-        os.replace(self.tmp, self.target)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-
-    def discard(self) -> None:
-        shutil.rmtree(self.tmp, ignore_errors=True)
-
-
-def _remove_stale(target: Path) -> None:
-    """Remove temp dirs left by killed builds of ``target`` (their process is gone)."""
-    for d in target.parent.glob(f".{target.name}.building-*"):
-        try:
-            pid = int(d.name.rsplit(".building-", 1)[1].split("-")[0])
-            os.kill(pid, 0)  # still running: leave it
-        except ProcessLookupError:
-            shutil.rmtree(d, ignore_errors=True)
-        except (ValueError, IndexError, PermissionError):
-            pass
-
-
 def _model_record(model, ckpt: str | os.PathLike | None) -> dict:
     cfg = model.cfg
     grid = cfg.image_size // cfg.patch_size
@@ -170,7 +126,7 @@ def _write_global(tmp: Path, pooled: np.ndarray, index_type: str, shard_size: in
     return kind, None
 
 
-def _write(staging: _Staging, model_rec: dict, meta: list[dict], kind: str, shards: dict | None,
+def _write(staging: StagedDir, model_rec: dict, meta: list[dict], kind: str, shards: dict | None,
            skipped: list[dict]) -> dict:
     """Write meta and manifest into the staging dir (arrays and FAISS index are already there) and commit."""
     (staging.tmp / "meta.json").write_text(json.dumps(meta))
@@ -202,7 +158,7 @@ def build_gallery(model, items: Iterable[tuple[str, object]], total: int, out: s
                          "not a global-only (CLIP baseline) one")
     rec = _model_record(model, ckpt)
     H, L = rec["num_heads"], rec["num_patches"]
-    staging = _Staging.next_to(Path(out))
+    staging = StagedDir.next_to(Path(out))
     try:
         arr = {name: np.lib.format.open_memmap(staging.tmp / f"{name}.partial", mode="w+", dtype=dt, shape=shape)
                for name, dt, shape in [("keys", np.float16, (total, H, L, rec["d_a"])),
@@ -291,7 +247,7 @@ def build_random_gallery(out: str | os.PathLike, count: int, num_heads: int, num
                          shard_size: int | None = 100_000) -> dict:
     """A gallery of random unit vectors (no images, no encoding) — for load tests of large indexes."""
     rng = np.random.default_rng(seed)
-    staging = _Staging.next_to(Path(out))
+    staging = StagedDir.next_to(Path(out))
     try:
         shapes = {"keys": (count, num_heads, num_patches, d_a), "values": (count, num_heads, num_patches, d_e)}
         for name, shape in shapes.items():

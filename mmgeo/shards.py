@@ -80,7 +80,8 @@ def write_sharded(vectors: np.ndarray | Iterable[np.ndarray], out_dir: str | os.
     """
     import faiss
 
-    from mmgeo.gallery import _Staging, build_faiss, choose_index_type
+    from mmgeo.gallery import build_faiss, choose_index_type
+    from mmgeo.io import StagedDir
 
     if isinstance(shard_size, bool) or not isinstance(shard_size, int) or shard_size < 1:
         raise ValueError(f"shard_size must be a positive integer, got {shard_size!r}")
@@ -89,7 +90,7 @@ def write_sharded(vectors: np.ndarray | Iterable[np.ndarray], out_dir: str | os.
     if target.is_dir() and any(target.iterdir()) and not (target / MANIFEST).is_file():
         raise ValueError(f"{target} is a non-empty directory without {MANIFEST}: refusing to replace it; "
                          "write the shards into a new or empty directory")
-    staging = _Staging.next_to(target)
+    staging = StagedDir.next_to(target)
     try:
         shards, count = [], 0
         for shard in _reblock(vectors, shard_size):  # (n ≤ shard_size, d)
