@@ -29,7 +29,7 @@ from mmgeo.config import load_config, to_dict
 from mmgeo.data import MAX_PIXELS, build_dataset
 from mmgeo.data.caption_edits import EDIT_KINDS, caption_negatives
 from mmgeo.data.sampler import ResumableBatchSampler, SampleLog
-from mmgeo.diagnostics import diagnose, nonfinite_cause, orthogonality_penalty, qk_weights, scalars
+from mmgeo.diagnostics import diagnose, nonfinite_cause, orthogonality_penalty, scalars
 from mmgeo.distributed import all_gather_no_grad, all_reduce_any, rank_and_world
 from mmgeo.io import atomic_path
 from mmgeo.losses import contrastive_loss
@@ -310,7 +310,7 @@ class RetrievalModule(L.LightningModule):
         losses = contrastive_loss(self.model, text[:B], image, self.cfg.loss.global_weight, self.cfg.loss.local_loss,
                                   negatives)
         if self.cfg.aids.ortho_weight > 0 and self.model.geometric:
-            losses["ortho"] = sum(orthogonality_penalty(w) for w in qk_weights(self.model).values())
+            losses["ortho"] = sum(orthogonality_penalty(w) for w in self.model.qk_maps().values())
             losses["loss"] = losses["loss"] + self.cfg.aids.ortho_weight * losses["ortho"]
         self._loss_nonfinite = all_reduce_any(not bool(torch.isfinite(losses["loss"])), self.device)
         n, distributed = len(batch["pixels"]), rank_and_world()[1] > 1

@@ -31,14 +31,6 @@ REDUNDANT_HEADS = 0.9  # cosine between two heads' (centred) attention maps abov
 LOGIT_LIMIT = 30.0  # |scale·<q, k>| above this saturates softmax (e^-30) and precedes overflow / NaN
 
 
-def qk_weights(model) -> dict[str, torch.Tensor]:
-    """The Q and K maps' final weights as 2-D (out, in) views: {"query": ..., "key": ...}."""
-    if not getattr(model, "geometric", False):
-        raise ValueError("this model has no Q/K maps (score='global'); diagnostics need a geometric model")
-    w_k = model.key_head.proj.weight
-    return {"query": model.query_mlp.fc2.weight, "key": w_k.view(w_k.shape[0], -1)}
-
-
 def orthogonality_penalty(w: torch.Tensor) -> torch.Tensor:
     """||W Wᵀ − I||²_F on the smaller Gram side of a 2-D weight (DESIGN §8: fix for collinear Q/K maps)."""
     w = w.view(w.shape[0], -1)
@@ -143,7 +135,7 @@ def diagnose(model, texts, images, text_to_image: torch.Tensor | None = None, wa
     if len(idx) != len(texts) or int(idx.max()) >= len(images):
         raise ValueError(f"text_to_image must give one image index < {len(images)} per caption ({len(texts)})")
     idx = idx.to(images.attn.device)
-    return diagnose_tensors(texts.attn, texts.mask, images.attn[idx], images.mask[idx], qk_weights(model),
+    return diagnose_tensors(texts.attn, texts.mask, images.attn[idx], images.mask[idx], model.qk_maps(),
                             warn=warn)
 
 

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from mmgeo.models.geo_retriever import Embedding
+from mmgeo.models.embedding import Embedding
 
 
 def rank_and_world() -> tuple[int, int]:

@@ -11,7 +11,6 @@ from mmgeo.diagnostics import (
     diagnose,
     diagnose_tensors,
     head_redundancy,
-    qk_weights,
     scalars,
     spectrum,
 )
@@ -98,7 +97,7 @@ def test_diagnose_model_is_json_and_scalars(tiny_model):
     assert r["entropy"]["uniform"] == pytest.approx(math.log(16))  # 32 px / patch 8 -> 4×4 grid
     s = scalars(r)  # flat floats for the logger
     assert {"diag/entropy_head0", "diag/entropy_head1", "diag/erank_query", "diag/erank_key"} <= s.keys()
-    assert set(qk_weights(tiny_model)) == {"query", "key"}
+    assert set(tiny_model.qk_maps()) == {"query", "key"}
     with pytest.raises(ValueError, match="one image index"):
         diagnose(tiny_model, texts, images, torch.tensor([0, 1, 5]))
 

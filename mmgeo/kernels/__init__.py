@@ -1,10 +1,18 @@
-"""Scoring and attention kernels: fused Triton kernels on CUDA, plain-PyTorch references everywhere (issue 4).
+"""Scoring and attention kernels: fused Triton kernels on CUDA, plain-PyTorch references everywhere (docs/design.md).
 
 Which path runs is set by ``MMGEO_KERNELS`` = auto | triton | reference (``mmgeo.kernels._common``).
 Importing this package never imports triton; the kernels load on first use.
 """
 
 from mmgeo.kernels.geo_attention import geo_attention, geo_attention_reference
-from mmgeo.kernels.pair_score import pair_score, pair_score_naive, pair_score_reference
+from mmgeo.kernels.pair_score import (
+    attention_weights,
+    candidate_scores,
+    pair_score,
+    pair_score_naive,
+    pair_score_reference,
+)
+from mmgeo.kernels.scale import attention_scale
 
-__all__ = ["geo_attention", "geo_attention_reference", "pair_score", "pair_score_naive", "pair_score_reference"]
+__all__ = ["attention_scale", "attention_weights", "candidate_scores", "geo_attention", "geo_attention_reference",
+           "pair_score", "pair_score_naive", "pair_score_reference"]

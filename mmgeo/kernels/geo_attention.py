@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from mmgeo.kernels._common import use_triton
+from mmgeo.kernels.scale import attention_scale
 
 
 def _check(q, k, v, key_padding_mask) -> None:
@@ -45,7 +46,7 @@ def geo_attention_reference(q, k, v, key_padding_mask=None, causal: bool = False
                             scale: float | None = None) -> torch.Tensor:
     """Plain-PyTorch attention with the (B, H, N, M) weights in memory; fully masked rows give 0."""
     _check(q, k, v, key_padding_mask)
-    scale = scale or q.shape[-1] ** -0.5
+    scale = attention_scale(q.shape[-1], scale)
     acc = torch.promote_types(q.dtype, torch.float32)
     n, m = q.shape[2], k.shape[2]
     logits = (q.to(acc) @ k.to(acc).transpose(-1, -2)) * scale  # (B, H, N, M)
@@ -96,4 +97,4 @@ def geo_attention(q, k, v, key_padding_mask=None, causal: bool = False, scale: f
         return geo_attention_reference(q, k, v, key_padding_mask, causal=causal, scale=scale)
     dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)  # e.g. mixed under autocast
     q, k, v = (x.to(dtype) if x.stride(-1) == 1 else x.to(dtype).contiguous() for x in (q, k, v))
-    return _GeoAttentionTriton.apply(q, k, v, key_padding_mask, bool(causal), float(scale or q.shape[-1] ** -0.5))
+    return _GeoAttentionTriton.apply(q, k, v, key_padding_mask, bool(causal), attention_scale(q.shape[-1], scale))

@@ -33,6 +33,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from mmgeo.kernels._common import use_triton
+from mmgeo.kernels.scale import attention_scale
 
 DEFAULT_CHUNK_ELEMENTS = 1 << 26  # attention weights alive at once under autograd (256 MiB in fp32)
 BLOCK_ELEMENTS = 1 << 20  # attention weights per block: small enough to stay in a CPU core's cache
@@ -82,7 +83,7 @@ def _block(q, q_mask, u, k, k_mask, v, scale: float) -> torch.Tensor:
 def pair_score_naive(q, q_mask, u, k, k_mask, v, scale: float | None = None) -> torch.Tensor:
     """The definition in one block: allocates (B_t, B_i, H, T, S) weights. For tests and benchmarks."""
     _check(q, q_mask, u, k, k_mask, v)
-    return _block(q, q_mask, u, k, k_mask, v, scale or q.shape[-1] ** -0.5)
+    return _block(q, q_mask, u, k, k_mask, v, attention_scale(q.shape[-1], scale))
 
 
 def _block_weights(q, u, k, v, mask, shift: bool):
@@ -141,7 +142,7 @@ class _BlockScore(torch.autograd.Function):
         return dq, du, dk.view(H, b, S, -1), dv.view(H, b, S, -1), None, None
 
 
-def candidate_scores(q, u, keys, values, mask, scale: float, block_elements: int = BLOCK_ELEMENTS,
+def candidate_scores(q, u, keys, values, mask, scale: float | None = None, block_elements: int = BLOCK_ELEMENTS,
                      recompute: bool = False) -> torch.Tensor:
     """Σ_j a_tj <u_t, v_j> of N packed tokens against B_i images, summed over heads: (N, B_i).
 
@@ -154,7 +155,7 @@ def candidate_scores(q, u, keys, values, mask, scale: float, block_elements: int
     """
     H, N, _ = q.shape
     B_i, S = mask.shape
-    q = q * scale
+    q = q * attention_scale(q.shape[-1], scale)
     shift = bool(q.norm(dim=-1).amax() * keys.norm(dim=-1).amax() >= SAFE_LOGIT) if N and B_i else False
     masked = not bool(mask.all())
     ct = max(1, min(N, TOKENS_PER_BLOCK, block_elements // (H * S)))  # tokens per block: a GEMM's rows
@@ -175,6 +176,17 @@ def candidate_scores(q, u, keys, values, mask, scale: float, block_elements: int
                 cols.append(checkpoint(block, *args, use_reentrant=False) if recompute else block(*args))
             rows.append(torch.cat(cols, dim=1))
     return torch.cat(rows, dim=0) if rows else q.new_zeros(0, B_i)
+
+
+def attention_weights(q, k, k_mask=None, scale: float | None = None) -> torch.Tensor:
+    """a_tj = softmax_j(scale · <q_t, k_j>) over real patches, in fp32 (or wider): the weights the score
+    averages <u_t, v_j> with, for heatmaps and diagnostics. q (..., T, d_a), k (..., S, d_a) with matching
+    leading dims, k_mask (..., S) bool or None -> (..., T, S)."""
+    acc = torch.promote_types(q.dtype, torch.float32)
+    logits = (q.to(acc) @ k.to(acc).transpose(-1, -2)) * attention_scale(q.shape[-1], scale)  # (..., T, S)
+    if k_mask is not None:
+        logits = logits.masked_fill(~k_mask.unsqueeze(-2), float("-inf"))
+    return logits.softmax(dim=-1)
 
 
 def _scores_folded_shift(q, u, keys, values, mask, ct: int, ci: int) -> torch.Tensor:
@@ -222,7 +234,7 @@ def pair_score_reference(q, q_mask, u, k, k_mask, v, scale: float | None = None,
     not with B_t·B_i·T·S.
     """
     _check(q, q_mask, u, k, k_mask, v)
-    scale = scale or q.shape[-1] ** -0.5
+    scale = attention_scale(q.shape[-1], scale)
     acc = torch.promote_types(q.dtype, torch.float32)
     (bt, h, _, _), (bi, _, s, _) = q.shape, k.shape
     owner, pos = q_mask.nonzero(as_tuple=True)  # (N,) caption and position of every real token
@@ -285,4 +297,4 @@ def pair_score(q, q_mask, u, k, k_mask, v, scale: float | None = None,
                          f"{[str(x.device) for x in (q, q_mask, u, k, k_mask, v)]}: move them first")
     dtype = torch.promote_types(torch.promote_types(q.dtype, u.dtype), torch.promote_types(k.dtype, v.dtype))
     q, u, k, v = (_last_dim_contiguous(x.to(dtype)) for x in (q, u, k, v))  # one dtype (mixed under autocast)
-    return _PairScoreTriton.apply(q, q_mask, u, k, k_mask, v, float(scale or q.shape[-1] ** -0.5))
+    return _PairScoreTriton.apply(q, q_mask, u, k, k_mask, v, attention_scale(q.shape[-1], scale))

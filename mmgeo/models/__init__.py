@@ -1,7 +1,8 @@
 """Models: the GeoRetriever, its config, and the registry of named variants."""
 
 from mmgeo.models.config import ModelConfig
-from mmgeo.models.geo_retriever import Embedding, GeoRetriever
+from mmgeo.models.embedding import Embedding
+from mmgeo.models.geo_retriever import GeoRetriever
 from mmgeo.models.registry import create_model, list_models, model_config, register_model
 
 __all__ = ["Embedding", "GeoRetriever", "ModelConfig", "create_model", "list_models", "model_config",

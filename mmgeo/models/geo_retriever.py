@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import warnings
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -27,6 +26,7 @@ from mmgeo.layers import (
     ValueProjection,
 )
 from mmgeo.models.config import ModelConfig
+from mmgeo.models.embedding import Embedding, check_texts
 from mmgeo.models.towers import (
     build_image_tower,
     build_text_tower,
@@ -36,54 +36,6 @@ from mmgeo.models.towers import (
 )
 
 MAX_LOGIT_SCALE = 100.0  # CLIP's clamp on exp(logit_scale)
-
-
-@dataclass
-class Embedding:
-    """Encoded captions or images. ``attn``/``value``/``mask`` are None for global-only models.
-
-    pooled (N, d_global) L2-normalised; attn (N, H, L, d_a) queries or keys; value (N, H, L, d_e)
-    L2-normalised û or v̂; mask (N, L) bool, True on real tokens / patches.
-    """
-
-    pooled: torch.Tensor
-    attn: torch.Tensor | None = None
-    value: torch.Tensor | None = None
-    mask: torch.Tensor | None = None
-
-    def __len__(self) -> int:
-        return self.pooled.shape[0]
-
-    def _map(self, fn) -> Embedding:
-        return Embedding(*(None if x is None else fn(x) for x in (self.pooled, self.attn, self.value, self.mask)))
-
-    def __getitem__(self, idx) -> Embedding:
-        return self._map(lambda x: x[idx])
-
-    def to(self, device) -> Embedding:
-        return self._map(lambda x: x.to(device))
-
-    @staticmethod
-    def cat(parts: list[Embedding]) -> Embedding:
-        """Concatenate along N, right-padding token dims to the longest part."""
-        def join(xs, dim_len):
-            if xs[0] is None:
-                return None
-            L = max(x.shape[dim_len] for x in xs)
-            pad = [F.pad(x, (0, 0, 0, L - x.shape[dim_len])) if x.dim() == 4 else F.pad(x, (0, L - x.shape[-1]))
-                   for x in xs]
-            return torch.cat(pad, dim=0)
-
-        return Embedding(torch.cat([p.pooled for p in parts]), join([p.attn for p in parts], 2),
-                         join([p.value for p in parts], 2), join([p.mask for p in parts], 1))
-
-
-def _check_texts(texts) -> None:
-    if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
-        raise TypeError("texts must be a list of strings, e.g. ['a red circle on the left']")
-    bad = [i for i, t in enumerate(texts) if not t.strip()]
-    if bad:
-        raise ValueError(f"empty caption at position(s) {bad[:5]}: every text needs at least one word")
 
 
 class GeoRetriever(nn.Module):
@@ -97,7 +49,7 @@ class GeoRetriever(nn.Module):
         resolve_preprocessing(cfg, self.image_encoder)
         self.cfg = cfg
         self.preprocess = image_transform(cfg)
-        image_dim, grid = self.image_encoder.num_features, tuple(self.image_encoder.patch_embed.grid_size)
+        image_dim, grid = self.image_encoder.num_features, self.patch_grid
         self.text_global = nn.Linear(text_dim, cfg.d_global)
         self.image_global = nn.Linear(image_dim, cfg.d_global)
         self.logit_scale_global = nn.Parameter(torch.tensor(math.log(1 / cfg.init_temperature_global)))
@@ -120,11 +72,35 @@ class GeoRetriever(nn.Module):
     def init_qk_orthogonal_(self, gain: float) -> None:
         """Orthogonal init of the Q/K maps' final layers (``query_mlp.fc2``, ``key_head.proj`` as 2-D) with
         ``gain``, biases zeroed: keeps early logits in range (paper: gain 0.05–0.1, DESIGN §8)."""
-        for layer in (self.query_mlp.fc2, self.key_head.proj):
-            w = layer.weight.view(layer.weight.shape[0], -1)  # (H·d_a, fan_in): a view, init in place
+        for w in self.qk_maps().values():  # (H·d_a, fan_in): views, init in place
             nn.init.orthogonal_(w, gain=gain)
+        for layer in (self.query_mlp.fc2, self.key_head.proj):
             if layer.bias is not None:
                 layer.bias.zero_()
+
+    QK_MODULES = ("query_mlp", "key_head", "lowrank")  # the Q/K maps (M_Q, M_K, low-rank U V)
+    VALUE_MODULES = ("value_proj", "text_value")  # the value projections (P_V, W_u)
+
+    def qk_maps(self) -> dict[str, torch.Tensor]:
+        """The final weights of the Q and K maps as 2-D (out, fan_in) views: ``query_mlp.fc2`` (M_Q) and
+        ``key_head.proj`` (M_K) — what the orthogonal init, the orthogonality penalty and the diagnostics use."""
+        if not self.geometric:
+            raise ValueError("this model has no Q/K maps (score='global'); they exist only in geometric models")
+        w_k = self.key_head.proj.weight
+        return {"query": self.query_mlp.fc2.weight, "key": w_k.view(w_k.shape[0], -1)}
+
+    def parameter_groups(self) -> dict[str, list[nn.Parameter]]:
+        """Trainable parameters by role: "qk" (the Q/K maps), "value" (the value projections), "rest"."""
+        groups: dict[str, list[nn.Parameter]] = {"qk": [], "value": [], "rest": []}
+        for name, p in self.named_parameters():
+            top = name.split(".")[0]
+            groups["qk" if top in self.QK_MODULES else "value" if top in self.VALUE_MODULES else "rest"].append(p)
+        return groups
+
+    @property
+    def patch_grid(self) -> tuple[int, int]:
+        """(rows, cols) of the image tower's patch tokens: S = rows · cols keys per image."""
+        return tuple(self.image_encoder.patch_embed.grid_size)
 
     @property
     def device(self) -> torch.device:
@@ -133,7 +109,7 @@ class GeoRetriever(nn.Module):
     # ------------------------------------------------------------------ towers
     def tokenize(self, texts: list[str]) -> dict[str, torch.Tensor]:
         """Captions -> {"input_ids", "attention_mask"} (B, T), padded to the longest caption."""
-        _check_texts(texts)
+        check_texts(texts)
         full = self.tokenizer(texts, padding=True, return_tensors="pt")
         if full["input_ids"].shape[1] > self.cfg.max_text_len:
             n = int((full["attention_mask"].sum(1) > self.cfg.max_text_len).sum())
@@ -198,7 +174,7 @@ class GeoRetriever(nn.Module):
     @torch.inference_mode()
     def encode_text(self, texts: list[str], batch_size: int = 256) -> Embedding:
         """Captions -> Embedding (on the model's device), in batches."""
-        _check_texts(texts)
+        check_texts(texts)
         parts = []
         for i in range(0, len(texts), batch_size):
             tok = {k: v.to(self.device) for k, v in self.tokenize(list(texts[i:i + batch_size])).items()}

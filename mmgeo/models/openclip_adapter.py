@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mmgeo.models.geo_retriever import Embedding, _check_texts
+from mmgeo.models.embedding import Embedding, check_texts
 from mmgeo.models.towers import _missing, _unsafe, refused_pickle
 
 PREFIX = "openclip:"
@@ -98,7 +98,7 @@ class OpenClipRetriever(nn.Module):
 
     @torch.inference_mode()
     def encode_text(self, texts: list[str], batch_size: int = 256) -> Embedding:
-        _check_texts(texts)
+        check_texts(texts)
         parts = [self.model.encode_text(self.tokenizer(list(texts[i:i + batch_size])).to(self.device))
                  for i in range(0, len(texts), batch_size)]
         return Embedding(F.normalize(torch.cat(parts).float(), dim=-1))  # (N, D)

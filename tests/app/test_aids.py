@@ -5,7 +5,7 @@ import torch
 
 import train as train_app
 from mmgeo.config import load_config
-from mmgeo.diagnostics import orthogonality_penalty, qk_weights
+from mmgeo.diagnostics import orthogonality_penalty
 from tests.conftest import TINY
 
 
@@ -39,7 +39,7 @@ def test_defaults_are_off():
 def test_qk_init_is_orthogonal_up_to_the_gain(gain):
     model = _module(qk_init_gain=gain).model
     assert model.cfg.qk_init_gain == gain
-    for w in qk_weights(model).values():  # (H·d_a, fan_in): H·d_a <= fan_in at test size -> rows orthogonal
+    for w in model.qk_maps().values():  # (H·d_a, fan_in): H·d_a <= fan_in at test size -> rows orthogonal
         side = w @ w.T if w.shape[0] <= w.shape[1] else w.T @ w
         torch.testing.assert_close(side, gain ** 2 * torch.eye(side.shape[0]), atol=1e-6, rtol=0)
 
