@@ -24,6 +24,8 @@ import warnings
 import torch
 import torch.nn.functional as F
 
+from mmgeo.kernels import attention_logits, attention_weights
+
 COLLAPSE_ENTROPY = 0.5 * math.log(2)  # paper: entropy below this for long = collapsed / over-concentrated
 UNIFORM_FRACTION = 0.95  # entropy above this fraction of ln S = near-uniform
 MIN_RANK_FRACTION = 0.25  # effective rank below this fraction of the full rank = collinear Q/K weights
@@ -74,10 +76,9 @@ def diagnose_tensors(q, q_mask, k, k_mask, weights: dict[str, torch.Tensor] | No
         raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} must be matched pairs (same N, H, d_a); "
                          "index the images by text_to_image first")
     q, k = q.detach().float(), k.detach().float()
-    scale = scale or q.shape[-1] ** -0.5
-    logits = scale * q @ k.transpose(-1, -2)  # (N, H, T, S)
+    logits = attention_logits(q, k, scale)  # (N, H, T, S)
     patch_ok = k_mask[:, None, None, :]  # (N, 1, 1, S)
-    attn = logits.masked_fill(~patch_ok, float("-inf")).softmax(-1)  # (N, H, T, S)
+    attn = attention_weights(q, k, k_mask[:, None].expand(-1, q.shape[1], -1), scale)  # (N, H, T, S)
     real_logits = logits[(q_mask[:, None, :, None] & patch_ok).expand_as(logits)]
     n_patches = float(k_mask.sum(1).float().mean())
     ent = attention_entropy(attn, q_mask)  # (H,)
@@ -114,7 +115,8 @@ def _check(r: dict, warn: bool) -> list[str]:
     lo, hi = r["logits"]["min"], r["logits"]["max"]
     if not (math.isfinite(lo) and math.isfinite(hi)) or max(abs(lo), abs(hi)) > LOGIT_LIMIT:
         emit(out, f"logit range [{lo:.1f}, {hi:.1f}] beyond ±{LOGIT_LIMIT:g} — logit explosion, NaN precursor; "
-                  "likely Q/K init; fix: orthogonal init gain 0.05–0.1 (aids.qk_init_gain), or LayerNorm after Q/K")
+                  "likely Q/K init; fix: orthogonal init gain 0.05–0.1 (model_args.qk_init_gain), "
+                  "or LayerNorm after Q/K")
     for name, s in r["spectrum"].items():
         if s["effective_rank"] < MIN_RANK_FRACTION * s["full_rank"]:
             emit(out, f"{name} map: effective rank {s['effective_rank']:.1f} of {s['full_rank']} — a few singular "
@@ -183,7 +185,7 @@ def nonfinite_cause(model, input_ids: torch.Tensor, attention_mask: torch.Tensor
         if not (math.isfinite(lo) and math.isfinite(hi)) or max(abs(lo), abs(hi)) > LOGIT_LIMIT:
             return (f"attention logits explode (range [{lo:.3g}, {hi:.3g}], beyond ±{LOGIT_LIMIT:g}; q std "
                     f"{r['logits']['q_std']:.3g}, k std {r['logits']['k_std']:.3g}): Q/K init → logit explosion; "
-                    "fix: orthogonal Q/K init gain 0.05–0.1 (aids.qk_init_gain), LayerNorm after the Q/K maps, "
+                    "fix: orthogonal Q/K init gain 0.05–0.1 (model_args.qk_init_gain), LayerNorm after the Q/K maps, "
                     "lower optim.lr")
     scales = {n: float(p.exp()) for n, p in model.named_parameters() if n.startswith("logit_scale")}
     if any(s >= 100.0 for s in scales.values()):

@@ -1,4 +1,4 @@
-"""Pictures of attention (DESIGN §3, §8): where each caption word looks, and diagnostics over training.
+"""Pictures of attention (docs/design.md, "Diagnostics"): where each caption word looks, and diagnostics over training.
 
     python -m mmgeo.viz --ckpt runs/synthetic/model.pt --image synthetic:3 --text "a red circle" --out heatmap.png
     python -m mmgeo.viz curves --run runs/synthetic --out diag.png
@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from mmgeo.kernels import attention_weights
 from mmgeo.plots import save_figure
 
 
@@ -34,11 +35,9 @@ def _plt():
 
 @torch.no_grad()
 def token_attention(q: torch.Tensor, q_mask: torch.Tensor, k: torch.Tensor, k_mask: torch.Tensor) -> torch.Tensor:
-    """q (H, T, d_a), k (H, S, d_a), masks (T,), (S,) -> (T_real, S): softmax_j(<q_t, k_j>/sqrt(d_a)) over real
-    patches, averaged over heads, for the real tokens (DESIGN §2's a_tj)."""
-    logits = torch.einsum("htd,hsd->hts", q.float(), k.float()) / math.sqrt(q.shape[-1])  # (H, T, S)
-    logits = logits.masked_fill(~k_mask[None, None, :], float("-inf"))
-    return logits.softmax(-1).mean(0)[q_mask]  # (T_real, S)
+    """q (H, T, d_a), k (H, S, d_a), masks (T,), (S,) -> (T_real, S): the score's attention weights a_tj
+    (``mmgeo.kernels.attention_weights``) averaged over heads, for the real tokens."""
+    return attention_weights(q, k, k_mask[None].expand(q.shape[0], -1)).mean(0)[q_mask]  # (T_real, S)
 
 
 def attention_maps(model, image, text: str) -> tuple[list[str], torch.Tensor]:

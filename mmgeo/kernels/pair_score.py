@@ -178,12 +178,17 @@ def candidate_scores(q, u, keys, values, mask, scale: float | None = None, block
     return torch.cat(rows, dim=0) if rows else q.new_zeros(0, B_i)
 
 
-def attention_weights(q, k, k_mask=None, scale: float | None = None) -> torch.Tensor:
-    """a_tj = softmax_j(scale · <q_t, k_j>) over real patches, in fp32 (or wider): the weights the score
-    averages <u_t, v_j> with, for heatmaps and diagnostics. q (..., T, d_a), k (..., S, d_a) with matching
-    leading dims, k_mask (..., S) bool or None -> (..., T, S)."""
+def attention_logits(q, k, scale: float | None = None) -> torch.Tensor:
+    """scale · <q_t, k_j> in fp32 (or wider): q (..., T, d_a), k (..., S, d_a) -> (..., T, S)."""
     acc = torch.promote_types(q.dtype, torch.float32)
-    logits = (q.to(acc) @ k.to(acc).transpose(-1, -2)) * attention_scale(q.shape[-1], scale)  # (..., T, S)
+    return (q.to(acc) @ k.to(acc).transpose(-1, -2)) * attention_scale(q.shape[-1], scale)
+
+
+def attention_weights(q, k, k_mask=None, scale: float | None = None) -> torch.Tensor:
+    """a_tj = softmax_j(scale · <q_t, k_j>) over real patches: the weights the score averages <u_t, v_j>
+    with, for heatmaps and diagnostics. q (..., T, d_a), k (..., S, d_a) with matching leading dims,
+    k_mask (..., S) bool or None -> (..., T, S) in fp32 (or wider)."""
+    logits = attention_logits(q, k, scale)  # (..., T, S)
     if k_mask is not None:
         logits = logits.masked_fill(~k_mask.unsqueeze(-2), float("-inf"))
     return logits.softmax(dim=-1)

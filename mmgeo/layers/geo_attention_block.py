@@ -20,12 +20,11 @@ built with kdim/vdim, which also keeps torch's Transformer layers off their fuse
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mmgeo.kernels import attention_logits, geo_attention, use_triton
 from mmgeo.layers.lowrank import LowRankMapping
 
 
@@ -233,13 +232,9 @@ class GeometricAttentionBlock(nn.Module):
         whose keys are all masked give NaN with need_weights, zeros without (SDPA's safe softmax).
         """
         if mask is None and not need_weights and not (self.training and self.dropout > 0):
-            from mmgeo.kernels._common import use_triton
-
             if use_triton("geo_attention", q, k, v):  # CUDA (or MMGEO_KERNELS=triton): the fused kernel
-                from mmgeo.kernels.geo_attention import geo_attention
-
                 return geo_attention(q, k, v), None
-        scores = (q * math.sqrt(1.0 / q.shape[-1])) @ k.transpose(-2, -1)  # (B, H, L, S)
+        scores = attention_logits(q, k).to(q.dtype)  # (B, H, L, S): <q, k> / sqrt(d_a)
         if mask is not None:
             scores = scores + mask
         weights = scores.softmax(dim=-1)  # (B, H, L, S)

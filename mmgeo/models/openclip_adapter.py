@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mmgeo.hub import missing_download, refused_pickle, unsafe_weights
 from mmgeo.models.embedding import Embedding, check_texts
-from mmgeo.models.towers import _missing, _unsafe, refused_pickle
 
 PREFIX = "openclip:"
 
@@ -61,13 +61,13 @@ def create_openclip(arch: str, pretrained: str | None = None, **kwargs) -> tuple
     except Exception as err:
         reason = refused_pickle(err)
         if reason:
-            raise _unsafe("open_clip weights", pretrained or arch, reason) from err
+            raise unsafe_weights("open_clip weights", pretrained or arch, reason) from err
         if not isinstance(err, RuntimeError):
             raise
         if pretrained and "download" in str(err).lower():
             cfg = open_clip.get_pretrained_cfg(arch, pretrained) or {}
             repo = (cfg.get("hf_hub") or f"{arch}/{pretrained}").rstrip("/")
-            raise _missing(f"open_clip weights {arch}/{pretrained} from", repo, err) from err
+            raise missing_download(f"open_clip weights {arch}/{pretrained} from", repo, err) from err
         if pretrained and pretrained not in open_clip.list_pretrained_tags_by_model(arch):
             tags = open_clip.list_pretrained_tags_by_model(arch)
             raise ValueError(f"open_clip has no pretrained tag {pretrained!r} for {arch}; known: {tags}") from err

@@ -12,41 +12,13 @@ and the refusal ends in one ValueError saying how to convert the file (``UnsafeW
 from __future__ import annotations
 
 import pickle
-import re
 
 import torch
 from torch import nn
 
+from mmgeo.hub import missing_download, refused_pickle, unsafe_weights
+
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]")
-
-
-class MissingDownloadError(RuntimeError):
-    """A model or dataset is not in the local cache and cannot be fetched here."""
-
-
-class UnsafeWeightsError(ValueError):
-    """A weights file is a pickle that ``torch.load(weights_only=True)`` refused: it names code to run."""
-
-
-def refused_pickle(err: BaseException | None) -> str | None:
-    """If ``err``, or an exception it wraps, is ``torch.load(weights_only=True)`` refusing a pickle that names
-    code: the reason (e.g. "it names posix.system"); else None."""
-    seen = set()
-    while err is not None and id(err) not in seen:
-        seen.add(id(err))
-        if isinstance(err, pickle.UnpicklingError) and "weights only load failed" in str(err).lower():
-            found = re.search(r"GLOBAL (\S+)", str(err))
-            return f"it names {found.group(1)}" if found else str(err).splitlines()[0]
-        err = err.__cause__ or err.__context__
-    return None
-
-
-def _unsafe(what: str, name: str, reason: str) -> UnsafeWeightsError:
-    return UnsafeWeightsError(
-        f"{what} {name!r} was refused: its weights file is a pickle that needs code to load ({reason}); weights "
-        "are read only as safetensors or with torch.load(weights_only=True). If you trust its source, convert it "
-        "to safetensors in an isolated, trusted environment (transformers: model.save_pretrained(folder); timm / "
-        "open_clip: safetensors.torch.save_file(state_dict, 'model.safetensors')) and point mmgeo at the result.")
 
 
 def word_level_tokenizer(vocab: list[str]):
@@ -64,14 +36,6 @@ def word_level_tokenizer(vocab: list[str]):
         single="[CLS] $A [SEP]", special_tokens=[("[CLS]", ids["[CLS]"]), ("[SEP]", ids["[SEP]"])])
     return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]",
                                    cls_token="[CLS]", sep_token="[SEP]")
-
-
-def _missing(what: str, name: str, err: Exception) -> MissingDownloadError:
-    return MissingDownloadError(
-        f"{what} {name!r} is not in the local cache and nothing can be downloaded here ({type(err).__name__}). "
-        f"On a machine with network access run `huggingface-cli download {name}` (or load it once "
-        "in Python), then copy the cache (~/.cache/huggingface) to this machine or point HF_HOME at it; "
-        "or pass a local directory path instead of the name.")
 
 
 def build_text_tower(cfg) -> tuple[nn.Module, object, int]:
@@ -103,8 +67,8 @@ def build_text_tower(cfg) -> tuple[nn.Module, object, int]:
     except (OSError, pickle.UnpicklingError) as err:
         reason = refused_pickle(err)
         if reason:
-            raise _unsafe("text backbone", cfg.text_backbone, reason) from err
-        raise _missing("text backbone", cfg.text_backbone, err) from err
+            raise unsafe_weights("text backbone", cfg.text_backbone, reason) from err
+        raise missing_download("text backbone", cfg.text_backbone, err) from err
     return encoder, tokenizer, encoder.config.hidden_size
 
 
@@ -131,11 +95,11 @@ def build_image_tower(cfg) -> nn.Module:
     except (OSError, RuntimeError, pickle.UnpicklingError) as err:
         reason = refused_pickle(err)
         if reason:
-            raise _unsafe("image backbone", cfg.image_backbone, reason) from err
+            raise unsafe_weights("image backbone", cfg.image_backbone, reason) from err
         if not cfg.image_pretrained:
             raise
         repo = cfg.image_backbone if "/" in cfg.image_backbone else f"timm/{cfg.image_backbone}"  # timm's Hub home
-        raise _missing("image backbone weights for", repo, err) from err
+        raise missing_download("image backbone weights for", repo, err) from err
     if not hasattr(vit, "patch_embed") or not hasattr(vit, "num_prefix_tokens"):
         raise ValueError(f"image backbone {cfg.image_backbone!r} is not a timm ViT (no patch_embed)")
     if not cfg.image_pretrained and getattr(vit, "pos_embed", None) is not None:

@@ -311,7 +311,7 @@ def test_unmasked_attention_routes_to_the_fused_kernel(monkeypatch):
         pytest.skip("needs CUDA or TRITON_INTERPRET=1 (set by tests/conftest.py on CPU)")
     import importlib
 
-    ga = importlib.import_module("mmgeo.kernels.geo_attention")  # the module (the package exports the function)
+    ga = importlib.import_module("mmgeo.layers.geo_attention_block")  # the module (the package exports the class)
     calls = []
     real = ga.geo_attention
     monkeypatch.setattr(ga, "geo_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
