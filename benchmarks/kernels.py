@@ -1,4 +1,4 @@
-"""Fused Triton kernels against their baselines, side by side: time, achieved TFLOP/s, peak memory (issue 4).
+"""Fused Triton kernels against their baselines, side by side: time, achieved TFLOP/s, peak memory (docs/design.md §4).
 
     python benchmarks/kernels.py [--only pair|attn] [--batches 256 512 1024] [--heads 1 8]
                                  [--seqlens 1024 4096 8192] [--naive-limit-gib 40] [--json rows.json]

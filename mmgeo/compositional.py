@@ -1,10 +1,10 @@
-"""Compositional suite: does the model bind attributes to their objects? (DESIGN §9)
+"""Compositional suite: does the model bind attributes to their objects? (docs/design.md §9)
 
 For each item — an image, its true caption, minimally edited negatives by edit type and
 meaning-preserving rewrites — the model scores every text against that image only. Reported:
 
 - ``accuracy`` per edit type: share of (image, caption, negative) triples with s(caption) > s(negative)
-  (chance 0.5; a tie counts as a failure, as in DESIGN §6), and the number of triples ``n``;
+  (chance 0.5; a tie counts as a failure, as in docs/design.md §6), and the number of triples ``n``;
   ``all_edits`` pools every triple. This is SugarCREPE's text-retrieval accuracy (Hsieh et al., 2023).
 - ``consistency`` per rewrite type: share of (image, caption, rewrite, negative) quadruples in which
   the decision is the same for the rewrite as for the caption, [s(c) > s(n)] == [s(r) > s(n)]; a model

@@ -1,4 +1,4 @@
-"""Diagnostics from the paper's troubleshooting table (DESIGN §3, §8), as a plain JSON-able dict.
+"""Diagnostics from the paper's troubleshooting table (docs/design.md §3, §8), as a plain JSON-able dict.
 
 ``diagnose(model, texts, images, text_to_image)`` looks at the attention of each caption over its own
 image and at the Q/K map weights:
@@ -34,7 +34,7 @@ LOGIT_LIMIT = 30.0  # |scale·<q, k>| above this saturates softmax (e^-30) and p
 
 
 def orthogonality_penalty(w: torch.Tensor) -> torch.Tensor:
-    """||W Wᵀ − I||²_F on the smaller Gram side of a 2-D weight (DESIGN §8: fix for collinear Q/K maps)."""
+    """||W Wᵀ − I||²_F on the smaller Gram side of a 2-D weight (docs/design.md §8: fix for collinear Q/K maps)."""
     w = w.view(w.shape[0], -1)
     gram = w @ w.T if w.shape[0] <= w.shape[1] else w.T @ w  # (m, m), m = min(out, in)
     return (gram - torch.eye(gram.shape[0], device=w.device, dtype=w.dtype)).pow(2).sum()
@@ -155,7 +155,7 @@ def scalars(report: dict, prefix: str = "diag/") -> dict[str, float]:
 
 @torch.no_grad()
 def nonfinite_cause(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, pixels: torch.Tensor) -> str:
-    """The likely cause of a non-finite loss on this batch, from the troubleshooting table (DESIGN §8).
+    """The likely cause of a non-finite loss on this batch, from the troubleshooting table (docs/design.md §8).
 
     Checked in order: the inputs, the weights, the towers' features, the attention logit range (the
     paper's NaN precursor), the temperatures; the first finding is returned as "cause; fix".

@@ -35,7 +35,7 @@ def _combine(terms: dict[str, torch.Tensor], global_weight: float) -> dict[str, 
 
 def retrieval_loss(logits: dict[str, torch.Tensor], global_weight: float = 1.0,
                    negative_logits: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
-    """DESIGN §2: InfoNCE on the geometric score + λ · InfoNCE on the global score.
+    """docs/design.md §2: InfoNCE on the geometric score + λ · InfoNCE on the global score.
 
     ``logits`` from ``GeoRetriever.logits`` (B, B); returns {"loss", "loss_geometric"?, "loss_global"}.
     ``negative_logits`` (N_neg, B): extra captions (hard negatives) against the B images; they join the

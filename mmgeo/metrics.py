@@ -1,4 +1,4 @@
-"""Retrieval metrics under CLIP_benchmark's protocol (DESIGN §6).
+"""Retrieval metrics under CLIP_benchmark's protocol (docs/design.md §6).
 
 Text->image: one query per caption, its hit is its own image. Image->text: one query per image,
 a hit if any of its captions is retrieved. Ties count against the model: an item scored equal to

@@ -1,4 +1,4 @@
-"""mmgeo.diagnostics on hand-built inputs: known values and the troubleshooting warnings (DESIGN §8)."""
+"""mmgeo.diagnostics on hand-built inputs: known values and the troubleshooting warnings (docs/design.md §8)."""
 
 import json
 import math

@@ -1,4 +1,4 @@
-"""Rule-based caption edits that make text hard negatives for training (DESIGN §9).
+"""Rule-based caption edits that make text hard negatives for training (docs/design.md §9).
 
 NegCLIP (Yuksekgonul et al., "When and why vision-language models behave like bags-of-words, and what
 to do about it?", ICLR 2023) trains CLIP with captions whose words were swapped (nouns, adjectives,

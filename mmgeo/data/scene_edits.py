@@ -1,4 +1,4 @@
-"""Evaluation negatives and rewrites of shapes-world captions, generated from the scene (DESIGN §9).
+"""Evaluation negatives and rewrites of shapes-world captions, generated from the scene (docs/design.md §9).
 
 For each caption of a test image: one minimally edited caption per edit type (``EDIT_TYPES``) that is
 false for the image, and meaning-preserving rewrites (``REWRITE_TYPES``) that stay true. Edits that
@@ -12,7 +12,7 @@ Every negative is checked false for the scene and every rewrite checked true wit
 ``shapes_grammar.describes``; a negative that is still true (possible in the relation template,
 which states positions only relative to the first object) is discarded and counted, and the next
 candidate edit is tried. The scene graph only *checks* these evaluation negatives; it never makes
-training signal (DESIGN §9). Deterministic given (seed, split, idx).
+training signal (docs/design.md §9). Deterministic given (seed, split, idx).
 """
 
 from __future__ import annotations

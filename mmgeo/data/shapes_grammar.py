@@ -1,4 +1,4 @@
-"""Parser and checker for the shapes world's caption grammar (mmgeo.data.shapes, DESIGN §5, §9).
+"""Parser and checker for the shapes world's caption grammar (mmgeo.data.shapes, docs/design.md §5, §9).
 
 ``parse`` reads any of the five templates into a ``ParsedCaption`` (template, mentioned objects,
 count word) that ``render`` writes back word for word; ``describes(caption, scene)`` says whether a

@@ -1,4 +1,4 @@
-"""Triton kernels and launchers for ``geo_attention`` (DESIGN §4). Imported lazily: it imports triton.
+"""Triton kernels and launchers for ``geo_attention`` (docs/design.md §4). Imported lazily: it imports triton.
 
 FlashAttention-2 (Dao 2023) with separate head dims: q, k carry d_a, v and the output d_v, each padded
 to a power of two ≥ 16 in registers only. Forward: one program per (query tile, batch·head), online

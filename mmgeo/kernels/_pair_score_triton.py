@@ -1,4 +1,4 @@
-"""Triton kernels and launchers for ``pair_score`` (DESIGN §4). Imported lazily: it imports triton.
+"""Triton kernels and launchers for ``pair_score`` (docs/design.md §4). Imported lazily: it imports triton.
 
 Rows. A program owns BLOCK_M query rows = BC captions × TT token slots (TT = next power of two of T,
 capped at BLOCK_M; longer captions take several token chunks), so one k/v tile loaded from an image

@@ -1,4 +1,4 @@
-"""pair_score: the geometric score of every (caption, image) pair (DESIGN §2, §4).
+"""pair_score: the geometric score of every (caption, image) pair (docs/design.md §2, §4).
 
     a_tj   = softmax_j(scale · <q_t, k_j>)       over real patches j
     s(c,i) = mean_h  mean_{real t}  Σ_j a_tj · <u_t, v_j>

@@ -1,4 +1,4 @@
-"""GeometricAttentionBlock: the framework's general operator as a drop-in for ``nn.MultiheadAttention`` (DESIGN §3).
+"""GeometricAttentionBlock: the framework's general operator as a drop-in for ``nn.MultiheadAttention`` (docs/design.md §3).
 
 Scaled dot-product attention in a learned attention space of ``d_a`` dims per head::
 
@@ -7,7 +7,7 @@ Scaled dot-product attention in a learned attention space of ``d_a`` dims per he
     out = W_o concat_h softmax(q_h k_hᵀ / sqrt(d_a) + mask) v_h
 
 With ``d_a = embed_dim // num_heads``, no low-rank map and a linear P_V this is exactly
-``nn.MultiheadAttention`` (DESIGN §8: the special case ``d_a = d_k``); ``from_mha`` copies an MHA's weights
+``nn.MultiheadAttention`` (docs/design.md §8: the special case ``d_a = d_k``); ``from_mha`` copies an MHA's weights
 and ``convert_attention`` swaps every MHA in a model for an equivalent block.
 
 Same constructor arguments, ``forward`` signature, masks and return values as ``nn.MultiheadAttention``.
@@ -29,7 +29,7 @@ from mmgeo.layers.lowrank import LowRankMapping
 
 
 def init_qk_orthogonal_(block: GeometricAttentionBlock, gain: float) -> None:
-    """Orthogonal init of the Q/K maps with a small gain (paper: 0.05–0.1), biases zero (DESIGN §8).
+    """Orthogonal init of the Q/K maps with a small gain (paper: 0.05–0.1), biases zero (docs/design.md §8).
 
     Each (H·d_a, in) weight gets orthonormal rows (or columns, whichever fits) times ``gain``, so heads start
     in mutually orthogonal subspaces and early logits stay in range.
@@ -42,7 +42,7 @@ def init_qk_orthogonal_(block: GeometricAttentionBlock, gain: float) -> None:
 
 
 class GeometricAttentionBlock(nn.Module):
-    """Drop-in for ``nn.MultiheadAttention`` with a learned attention space (DESIGN §3)."""
+    """Drop-in for ``nn.MultiheadAttention`` with a learned attention space (docs/design.md §3)."""
 
     # No packed projection (like an MHA built with kdim/vdim): code that looks for one sees None and
     # falls back to calling forward, e.g. nn.TransformerEncoderLayer skips its fused fast path.
@@ -64,7 +64,7 @@ class GeometricAttentionBlock(nn.Module):
         device=None,
         dtype=None,
         *,
-        attention_space_dim: int | None = None,
+        d_a: int | None = None,
         use_lowrank_mapping: bool = False,
         lowrank_rank: int = 8,
         use_gated_projection: bool = False,
@@ -79,19 +79,19 @@ class GeometricAttentionBlock(nn.Module):
                 f"embed_dim={embed_dim} is not divisible by num_heads={num_heads}: each head gets embed_dim // "
                 f"num_heads value dims; pick num_heads from {divisors} or make embed_dim a multiple of {num_heads}"
             )
-        if attention_space_dim is not None and attention_space_dim <= 0:
-            raise ValueError(f"attention_space_dim (d_a per head) must be > 0 or None, got {attention_space_dim}")
+        if d_a is not None and d_a <= 0:
+            raise ValueError(f"d_a (attention-space dims per head) must be > 0 or None, got {d_a}")
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
         kw = {"device": device, "dtype": dtype}
         self.embed_dim, self.num_heads, self.dropout, self.batch_first = embed_dim, num_heads, dropout, batch_first
         self.kdim = kdim if kdim is not None else embed_dim
         self.vdim = vdim if vdim is not None else embed_dim
-        self.head_dim = embed_dim // num_heads  # d_v: value dims per head
-        self.attention_space_dim = attention_space_dim or self.head_dim  # d_a
+        self.d_v = embed_dim // num_heads  # d_v: value dims per head
+        self.d_a = d_a or self.d_v  # d_a: attention-space dims per head (queries and keys)
         self.add_zero_attn = add_zero_attn
         self.qk_init_gain = qk_init_gain
-        qk_dim = num_heads * self.attention_space_dim  # H·d_a
+        qk_dim = num_heads * self.d_a  # H·d_a
         self.q_proj = nn.Linear(embed_dim, qk_dim, bias=bias, **kw)
         self.k_proj = nn.Linear(self.kdim, qk_dim, bias=bias, **kw)
         self.v_proj = nn.Linear(self.vdim, embed_dim, bias=bias, **kw)
@@ -99,7 +99,7 @@ class GeometricAttentionBlock(nn.Module):
         self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias, **kw)
         self.lowrank = None
         if use_lowrank_mapping:
-            self.lowrank = LowRankMapping(self.attention_space_dim, lowrank_rank).to(**kw)
+            self.lowrank = LowRankMapping(self.d_a, lowrank_rank).to(**kw)
         if add_bias_kv:  # MHA's layout: (1, 1, dim), appended as one extra key/value
             self.bias_k = nn.Parameter(torch.empty(1, 1, qk_dim, **kw))
             self.bias_v = nn.Parameter(torch.empty(1, 1, embed_dim, **kw))
@@ -132,13 +132,13 @@ class GeometricAttentionBlock(nn.Module):
     @property
     def is_standard(self) -> bool:
         """True when the block computes exactly what nn.MultiheadAttention computes."""
-        return self.attention_space_dim == self.head_dim and self.lowrank is None and self.v_gate is None
+        return self.d_a == self.d_v and self.lowrank is None and self.v_gate is None
 
     @classmethod
     def from_mha(cls, mha: nn.MultiheadAttention, **options) -> GeometricAttentionBlock:
         """An equivalent block with ``mha``'s weights (outputs equal when no option is on).
 
-        Q/K weights (and bias_k) are copied when d_a = head_dim and no ``qk_init_gain`` is asked for; a gain
+        Q/K weights (and bias_k) are copied when d_a = d_v and no ``qk_init_gain`` is asked for; a gain
         means "re-initialise Q/K", and another d_a has nothing to copy. V, out_proj, biases are always copied.
         """
         ref = mha.out_proj.weight
@@ -147,7 +147,7 @@ class GeometricAttentionBlock(nn.Module):
             add_bias_kv=mha.bias_k is not None, add_zero_attn=mha.add_zero_attn, kdim=mha.kdim, vdim=mha.vdim,
             batch_first=mha.batch_first, device=ref.device, dtype=ref.dtype, **options,
         )
-        copy_qk = block.attention_space_dim == block.head_dim and block.qk_init_gain is None
+        copy_qk = block.d_a == block.d_v and block.qk_init_gain is None
         with torch.no_grad():
             if mha._qkv_same_embed_dim:
                 wq, wk, wv = mha.in_proj_weight.chunk(3)  # each (E, E)
@@ -165,7 +165,7 @@ class GeometricAttentionBlock(nn.Module):
         return block.train(mha.training)
 
     def extra_repr(self) -> str:
-        return (f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, d_a={self.attention_space_dim}, "
+        return (f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, d_a={self.d_a}, "
                 f"kdim={self.kdim}, vdim={self.vdim}, batch_first={self.batch_first}, dropout={self.dropout}")
 
     def forward(
@@ -191,7 +191,7 @@ class GeometricAttentionBlock(nn.Module):
         elif not self.batch_first:
             query, key, value = query.transpose(0, 1), key.transpose(0, 1), value.transpose(0, 1)
         B, L, _ = query.shape  # query (B, L, E), key (B, S, kdim), value (B, S, vdim)
-        S, H, d_a = key.shape[1], self.num_heads, self.attention_space_dim
+        S, H, d_a = key.shape[1], self.num_heads, self.d_a
         extra = int(self.bias_k is not None) + int(self.add_zero_attn)  # keys appended to the S given
         mask = self._build_mask(attn_mask, key_padding_mask, batched, B, L, S, extra, is_causal, need_weights, query)
 
@@ -204,12 +204,12 @@ class GeometricAttentionBlock(nn.Module):
             k = torch.cat([k, self.bias_k.expand(B, 1, -1)], dim=1)  # (B, S+1, H·d_a)
             v = torch.cat([v, self.bias_v.expand(B, 1, -1)], dim=1)  # (B, S+1, E)
         k = k.view(B, k.shape[1], H, d_a).transpose(1, 2)  # (B, H, S', d_a)
-        v = v.view(B, v.shape[1], H, self.head_dim).transpose(1, 2)  # (B, H, S', d_v)
+        v = v.view(B, v.shape[1], H, self.d_v).transpose(1, 2)  # (B, H, S', d_v)
         if self.lowrank is not None:
             q, k = self.lowrank(q), self.lowrank(k)  # (B, H, L, d_a), (B, H, S', d_a)
         if self.add_zero_attn:
             k = torch.cat([k, k.new_zeros(B, H, 1, d_a)], dim=2)  # (B, H, S'+1, d_a)
-            v = torch.cat([v, v.new_zeros(B, H, 1, self.head_dim)], dim=2)  # (B, H, S'+1, d_v)
+            v = torch.cat([v, v.new_zeros(B, H, 1, self.d_v)], dim=2)  # (B, H, S'+1, d_v)
 
         out, weights = self._attend(q, k, v, mask, need_weights)  # (B, H, L, d_v), (B, H, L, S')
         out = self.out_proj(out.transpose(1, 2).reshape(B, L, self.embed_dim))  # (B, L, E)
@@ -315,7 +315,7 @@ def _additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 def convert_attention(model: nn.Module, **options) -> nn.Module:
     """Replace every nn.MultiheadAttention inside ``model`` (recursively, in place) by an equivalent block.
 
-    ``options`` go to GeometricAttentionBlock (attention_space_dim, use_lowrank_mapping, ...); with none on,
+    ``options`` go to GeometricAttentionBlock (d_a, use_lowrank_mapping, ...); with none on,
     outputs are unchanged. A module shared by several parents stays shared. Returns ``model`` (or the new
     block when ``model`` itself is an nn.MultiheadAttention).
     """

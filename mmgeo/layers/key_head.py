@@ -1,4 +1,4 @@
-"""M_K's head: ViT patch tokens -> keys through a conv / channel-attention head (DESIGN §2).
+"""M_K's head: ViT patch tokens -> keys through a conv / channel-attention head (docs/design.md §2).
 
 tokens (B, S, C) -> grid (B, C, h, w) -> 3×3 conv -> GELU -> squeeze-excite channel gate
 [-> optional spatial gate] -> 1×1 conv -> keys (B, H, S, d_a). The 3×3 conv lets each key see its
@@ -40,16 +40,16 @@ class SpatialGate(nn.Module):
 class ConvChannelAttentionKeyHead(nn.Module):
     """Patch tokens (B, S, C) on an (h, w) grid -> keys (B, H, S, d_a)."""
 
-    def __init__(self, in_dim: int, grid: tuple[int, int], num_heads: int, head_dim: int,
+    def __init__(self, in_dim: int, grid: tuple[int, int], num_heads: int, d_a: int,
                  hidden_dim: int | None = None, spatial_gate: bool = False):
         super().__init__()
-        self.grid, self.num_heads, self.head_dim = tuple(grid), num_heads, head_dim
+        self.grid, self.num_heads, self.d_a = tuple(grid), num_heads, d_a
         hidden_dim = hidden_dim or in_dim
         self.conv = nn.Conv2d(in_dim, hidden_dim, 3, padding=1)
         self.act = nn.GELU()
         self.channel_gate = ChannelGate(hidden_dim)
         self.spatial_gate = SpatialGate() if spatial_gate else nn.Identity()
-        self.proj = nn.Conv2d(hidden_dim, num_heads * head_dim, 1)
+        self.proj = nn.Conv2d(hidden_dim, num_heads * d_a, 1)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         B, S, C = tokens.shape
@@ -60,4 +60,4 @@ class ConvChannelAttentionKeyHead(nn.Module):
         x = tokens.transpose(1, 2).reshape(B, C, h, w)  # (B, C, h, w)
         x = self.spatial_gate(self.channel_gate(self.act(self.conv(x))))
         k = self.proj(x).flatten(2)  # (B, H*d_a, S)
-        return k.view(B, self.num_heads, self.head_dim, S).transpose(2, 3)  # (B, H, S, d_a)
+        return k.view(B, self.num_heads, self.d_a, S).transpose(2, 3)  # (B, H, S, d_a)

@@ -1,4 +1,4 @@
-"""Phrase window: each token's state next to the states of its neighbours (DESIGN §9, binding).
+"""Phrase window: each token's state next to the states of its neighbours (docs/design.md §9, binding).
 
 ``window(h)_t = [h_{t-w} ; … ; h_t ; … ; h_{t+w}]`` over the real tokens of the caption (zeros past
 either end and on padding). Feeding it to the query MLP and the text value gives each word's query

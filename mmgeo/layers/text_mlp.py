@@ -1,4 +1,4 @@
-"""M_Q: the position-aware text MLP (DESIGN §2).
+"""M_Q: the position-aware text MLP (docs/design.md §2).
 
 ``q_t = W2 · GELU(W1 · [h_t ; PE(r_t)])`` where ``r_t = t / (n - 1)`` is the relative position of
 real token t in its caption of n real tokens ([CLS] has r = 0, the "global overview" query) and PE
@@ -35,16 +35,16 @@ def sinusoidal_features(r: torch.Tensor, dim: int) -> torch.Tensor:
 class PositionAwareTextMLP(nn.Module):
     """Maps token states (B, T, C) and their mask to queries (B, H, T, d_a)."""
 
-    def __init__(self, in_dim: int, num_heads: int, head_dim: int, hidden_dim: int | None = None, pos_dim: int = 16):
+    def __init__(self, in_dim: int, num_heads: int, d_a: int, hidden_dim: int | None = None, pos_dim: int = 16):
         super().__init__()
-        self.num_heads, self.head_dim, self.pos_dim = num_heads, head_dim, pos_dim
+        self.num_heads, self.d_a, self.pos_dim = num_heads, d_a, pos_dim
         hidden_dim = hidden_dim or 2 * in_dim
         self.fc1 = nn.Linear(in_dim + pos_dim, hidden_dim)
         self.act = nn.GELU()
-        self.fc2 = nn.Linear(hidden_dim, num_heads * head_dim)
+        self.fc2 = nn.Linear(hidden_dim, num_heads * d_a)
 
     def forward(self, h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         B, T, _ = h.shape
         pe = sinusoidal_features(relative_positions(mask).to(h.dtype), self.pos_dim)  # (B, T, pos_dim)
         q = self.fc2(self.act(self.fc1(torch.cat([h, pe], dim=-1))))  # (B, T, H*d_a)
-        return q.view(B, T, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, T, d_a)
+        return q.view(B, T, self.num_heads, self.d_a).transpose(1, 2)  # (B, H, T, d_a)

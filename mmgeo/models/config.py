@@ -42,7 +42,7 @@ class ModelConfig:
     gated_value: bool = False  # P_V gated (σ(W_g p) ⊙ W_v p) instead of linear
     lowrank_rank: int = 0  # rank r of the optional low-rank mapping of q and k (0 = off)
     qk_init_gain: float | None = None  # orthogonal init of the Q/K maps' final layers with this gain (paper: 0.1,
-    # DESIGN §8); None = PyTorch's default init
+    # docs/design.md §8); None = PyTorch's default init
     d_global: int = 128  # dimension of the pooled global vectors (what FAISS indexes)
     init_temperature_geo: float = 0.03  # initial temperature of the geometric InfoNCE (learnable); the score is a
     # mean of cosines, so its spread is narrow and needs a sharper softmax than CLIP's 0.07

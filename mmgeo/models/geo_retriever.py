@@ -1,4 +1,4 @@
-"""GeoRetriever: one attention space, two operators (DESIGN §2).
+"""GeoRetriever: one attention space, two operators (docs/design.md §2).
 
 Text tokens -> queries q (M_Q, position-aware MLP) and values u; image patches -> keys k (M_K,
 conv / channel-attention head) and values v (P_V). The geometric score lets every caption token
@@ -71,7 +71,7 @@ class GeoRetriever(nn.Module):
     @torch.no_grad()
     def init_qk_orthogonal_(self, gain: float) -> None:
         """Orthogonal init of the Q/K maps' final layers (``query_mlp.fc2``, ``key_head.proj`` as 2-D) with
-        ``gain``, biases zeroed: keeps early logits in range (paper: gain 0.05–0.1, DESIGN §8)."""
+        ``gain``, biases zeroed: keeps early logits in range (paper: gain 0.05–0.1, docs/design.md §8)."""
         for w in self.qk_maps().values():  # (H·d_a, fan_in): views, init in place
             nn.init.orthogonal_(w, gain=gain)
         for layer in (self.query_mlp.fc2, self.key_head.proj):

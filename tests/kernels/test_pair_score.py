@@ -18,7 +18,7 @@ def _inputs(bt=5, bi=4, h=2, t=7, s=9, da=6, de=3, dtype=torch.float64, seed=0, 
 
 
 def _loop_reference(q, q_mask, u, k, k_mask, v):
-    """The DESIGN §2 formula with explicit loops: the ground truth for both implementations."""
+    """The docs/design.md §2 formula with explicit loops: the ground truth for both implementations."""
     bt, h, _, da = q.shape
     out = torch.zeros(bt, k.shape[0], dtype=q.dtype)
     for c in range(bt):

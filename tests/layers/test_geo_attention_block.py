@@ -248,7 +248,7 @@ def test_errors_name_the_shapes(make, err, match):
 def test_options_match_a_manual_reference_and_train():
     torch.manual_seed(0)
     d_a, S = 3, 6
-    block = GeometricAttentionBlock(E, H, kdim=6, batch_first=True, dtype=F64, attention_space_dim=d_a,
+    block = GeometricAttentionBlock(E, H, kdim=6, batch_first=True, dtype=F64, d_a=d_a,
                                     use_lowrank_mapping=True, lowrank_rank=2, use_gated_projection=True)
     assert block.q_proj.weight.shape == (H * d_a, E) and block.k_proj.weight.shape == (H * d_a, 6)
     x, y, z = torch.randn(B, L, E, dtype=F64), torch.randn(B, S, 6, dtype=F64), torch.randn(B, S, E, dtype=F64)
@@ -268,7 +268,7 @@ def test_options_match_a_manual_reference_and_train():
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in block.parameters())
 
 
-@pytest.mark.parametrize("options", [dict(attention_space_dim=6), dict(use_lowrank_mapping=True, lowrank_rank=2),
+@pytest.mark.parametrize("options", [dict(d_a=6), dict(use_lowrank_mapping=True, lowrank_rank=2),
                                      dict(use_gated_projection=True)], ids=["d_a", "lowrank", "gated"])
 def test_from_mha_with_options_runs(options):
     mha = make_mha(batch_first=True)
@@ -284,7 +284,7 @@ def test_from_mha_with_options_runs(options):
 
 @pytest.mark.parametrize("gain", [0.1, 1.0])
 def test_orthogonal_qk_init(gain):
-    block = GeometricAttentionBlock(E, H, kdim=4, dtype=F64, attention_space_dim=3, qk_init_gain=gain)
+    block = GeometricAttentionBlock(E, H, kdim=4, dtype=F64, d_a=3, qk_init_gain=gain)
     wq, wk = block.q_proj.weight, block.k_proj.weight  # (6, 8): rows orthonormal; (6, 4): columns orthonormal
     close(wq @ wq.T, gain**2 * torch.eye(6, dtype=F64))
     close(wk.T @ wk, gain**2 * torch.eye(4, dtype=F64))
@@ -316,7 +316,7 @@ def test_unmasked_attention_routes_to_the_fused_kernel(monkeypatch):
     real = ga.geo_attention
     monkeypatch.setattr(ga, "geo_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
     torch.manual_seed(0)
-    block = GeometricAttentionBlock(16, 2, batch_first=True, attention_space_dim=4).eval()
+    block = GeometricAttentionBlock(16, 2, batch_first=True, d_a=4).eval()
     x = torch.randn(2, 5, 16)
     with torch.no_grad():
         ref, _ = block(x, x, x, need_weights=False)

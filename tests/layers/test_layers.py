@@ -29,7 +29,7 @@ def test_sinusoidal_features():
 
 def test_text_mlp_shapes_and_position_awareness():
     torch.manual_seed(0)
-    mlp = PositionAwareTextMLP(8, num_heads=2, head_dim=4, hidden_dim=16, pos_dim=6)
+    mlp = PositionAwareTextMLP(8, num_heads=2, d_a=4, hidden_dim=16, pos_dim=6)
     h = torch.randn(1, 5, 8).repeat(2, 1, 1)  # the same token states ...
     mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]], dtype=torch.bool)  # ... in captions of other lengths
     q = mlp(h, mask)
@@ -40,7 +40,7 @@ def test_text_mlp_shapes_and_position_awareness():
 
 @pytest.mark.parametrize("spatial", [False, True])
 def test_key_head_shapes(spatial):
-    head = ConvChannelAttentionKeyHead(12, (3, 4), num_heads=2, head_dim=5, hidden_dim=8, spatial_gate=spatial)
+    head = ConvChannelAttentionKeyHead(12, (3, 4), num_heads=2, d_a=5, hidden_dim=8, spatial_gate=spatial)
     assert head(torch.randn(3, 12, 12)).shape == (3, 2, 12, 5)
     with pytest.raises(ValueError, match="3×4=12 patch tokens, got 10"):
         head(torch.randn(3, 10, 12))
@@ -49,7 +49,7 @@ def test_key_head_shapes(spatial):
 def test_key_head_sees_neighbours():
     """The 3×3 conv mixes neighbouring patches: changing one patch changes its neighbours' keys."""
     torch.manual_seed(0)
-    head = ConvChannelAttentionKeyHead(4, (4, 4), num_heads=1, head_dim=3)
+    head = ConvChannelAttentionKeyHead(4, (4, 4), num_heads=1, d_a=3)
     x = torch.randn(1, 16, 4)
     y = x.clone()
     y[0, 5] += 1.0  # patch (1, 1)
@@ -59,7 +59,7 @@ def test_key_head_sees_neighbours():
 
 @pytest.mark.parametrize("gated", [False, True])
 def test_value_projection(gated):
-    p = ValueProjection(6, num_heads=3, head_dim=2, gated=gated)
+    p = ValueProjection(6, num_heads=3, d_e=2, gated=gated)
     assert p(torch.randn(2, 5, 6)).shape == (2, 3, 5, 2)
     assert (p.gate is not None) == gated
 
