@@ -1,7 +1,8 @@
-"""Benchmark a trained model with CLIP_benchmark's retrieval protocol (DESIGN §6).
+"""Benchmark a trained model with CLIP_benchmark's retrieval protocol (docs/design.md §6).
 
     python eval.py --ckpt runs/synthetic/model.pt --data synthetic --split test --out results.json \
-        [--mode exact|two-stage] [--k-prime 100]
+        [--mode exact|two-stage] [--k-prime 100] [--index-type flat|hnsw|ivfpq|auto]
+    python eval.py --index INDEX_DIR --data synthetic --split test       # a gallery from `python -m serve build`
     python eval.py --model openclip:ViT-B-32/laion2b_s34b_b79k --data flickr30k --data-root data/flickr30k
     python eval.py --ckpt runs/flickr30k_geo/model.pt --data flickr30k --data-root data/flickr30k [--data-format hf]
     python eval.py --ckpt runs/synthetic/model.pt --suite compositional [--limit 200]      # or --suite all
@@ -10,13 +11,18 @@
 --model openclip:ARCH[/TAG] evaluates any open_clip model zero-shot (global score; no TAG = random init).
 
 exact: every (caption, image) pair scored by the model's own score (geometric, or global for a
-CLIP-baseline model). two-stage: FAISS top-K' on the global vectors, re-ranked by the geometric score.
+CLIP-baseline model). two-stage: the search service's own code (mmgeo.search.two_stage): FAISS top-K' on the
+global vectors, re-ranked by the geometric score of the stored keys/values — over a temporary gallery of the
+split's images (--index-type, flat by default), or over a built gallery (--index DIR: its manifest names the
+checkpoint; image i of the gallery must be image i of the split, as `python -m serve build --data` writes it).
+The service has no image->text search: two-stage image->text ranks are read from the text->image candidates
+(JSON "measured" says how each direction was measured).
 Prints a table and writes a JSON with "metrics" (R@1/5/10, mean / median rank, both directions),
 "counts" (images and captions evaluated; for real data also "skipped", bad samples by reason) and
 "diagnostics" (attention entropy, Q/K spectra, head redundancy, logit range on the first 64 images;
 mmgeo.diagnostics); --plot draws the recall@K curves.
 
---suite compositional (or all: next to retrieval) runs the binding suite of DESIGN §9 (mmgeo.compositional):
+--suite compositional (or all: next to retrieval) runs the binding suite of docs/design.md §9 (mmgeo.compositional):
 true caption vs minimally edited caption on the same image, accuracy per edit type, under "compositional" —
 on the shapes world (negatives generated from, and checked against, the scene) or on SugarCREPE.
 """
@@ -36,7 +42,8 @@ from mmgeo.data import MAX_PIXELS, build_dataset
 from mmgeo.diagnostics import diagnose
 from mmgeo.metrics import DEFAULT_KS, image_to_text_ranks, retrieval_metrics, text_to_image_ranks
 from mmgeo.plots import plot_recall_curves
-from mmgeo.retrieval import encode_split, exact_scores, two_stage_scores
+from mmgeo.retrieval import encode_split, exact_scores
+from mmgeo.search.faiss_index import INDEX_TYPES
 
 DIAGNOSTIC_IMAGES = 64  # images (with all their captions) the attention diagnostics look at
 
@@ -81,55 +88,95 @@ def evaluate_compositional(args, model) -> dict:
     return result
 
 
+def load_model_and_index(args, device: str):
+    """-> (model, its name for the JSON, the ``--index`` gallery or None). With ``--index`` the model is
+    ``--ckpt`` or the checkpoint the manifest names, checked against the gallery as the service checks it."""
+    index = getattr(args, "index", None)
+    if getattr(args, "model", None):
+        if index:
+            raise SystemExit("--index needs the checkpoint its gallery was built with (--ckpt, or none: the one "
+                             "its manifest names), not --model")
+        from mmgeo.models.openclip_adapter import load_openclip
+
+        return load_openclip(args.model, device=device), args.model, None
+    if not index:
+        return load_model(args.ckpt, device=device), str(args.ckpt), None
+    from mmgeo.search.store import Gallery, GalleryError
+
+    try:
+        gallery = Gallery(index)
+        ckpt = args.ckpt or gallery.model_record.get("path")
+        if not ckpt:
+            raise SystemExit(f"index {index} records no checkpoint path; pass --ckpt")
+        model = load_model(ckpt, device=device)
+        gallery.check_model(model, ckpt)
+    except GalleryError as err:
+        raise SystemExit(str(err)) from err
+    return model, str(ckpt), gallery
+
+
 def evaluate(args) -> dict:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     suite = getattr(args, "suite", "retrieval")
     if args.data == "sugarcrepe" and suite != "compositional":
         raise SystemExit("sugarcrepe is a compositional benchmark (caption vs edited caption): "
                          "use --suite compositional")
-    if getattr(args, "model", None):
-        from mmgeo.models.openclip_adapter import load_openclip
-
-        model = load_openclip(args.model, device=device)
-    else:
-        model = load_model(args.ckpt, device=device)
+    model, name, gallery = load_model_and_index(args, device)
     if suite == "compositional":
         return {"dataset": args.data, "split": None if args.data == "sugarcrepe" else args.split,
-                "model": str(getattr(args, "model", None) or args.ckpt), "score": model.default_mode,
+                "model": name, "score": model.default_mode,
                 "task": "compositional", "compositional": evaluate_compositional(args, model)}
-    if args.mode == "two-stage" and not model.geometric:
+    mode = getattr(args, "mode", None) or ("two-stage" if gallery is not None else "exact")
+    if mode == "two-stage" and not model.geometric:
         raise SystemExit("two-stage re-ranks with the geometric score, which this model (score='global') lacks; "
                          "use --mode exact")
     image_size = args.image_size or model.cfg.image_size
-    dataset = build_dataset(args.data, args.split, seed=args.seed, image_size=image_size, size=args.limit,
+    limit = args.limit if args.limit is not None or gallery is None else len(gallery)
+    dataset = build_dataset(args.data, args.split, seed=args.seed, image_size=image_size, size=limit,
                             root=getattr(args, "data_root", None), data_format=getattr(args, "data_format", None),
                             max_pixels=getattr(args, "max_pixels", MAX_PIXELS))
+    if gallery is not None and len(dataset) != len(gallery):
+        raise SystemExit(f"index {gallery.root} holds {len(gallery)} images, {args.data} {args.split} (--limit "
+                         f"{limit}) has {len(dataset)}: evaluate the split the index was built from, e.g. "
+                         f"`python -m serve build --data {args.data} --split {args.split} --limit N` then --limit N")
     start = time.time()
     split = encode_split(model, dataset, batch_size=args.batch_size)
     encode_s = time.time() - start
-    result = {"dataset": args.data, "split": args.split, "model": str(getattr(args, "model", None) or args.ckpt),
-              "score": model.default_mode, "mode": args.mode, "task": "retrieval"}
-    if args.mode == "exact":
+    result = {"dataset": args.data, "split": args.split, "model": name,
+              "score": model.default_mode, "mode": mode, "task": "retrieval"}
+    if mode == "exact":
         t2i = i2t = exact_scores(model, split.texts, split.images, model.default_mode)
+        how = f"exact: every (caption, image) pair by the model's {model.default_mode} score"
+        result["measured"] = {"text_to_image": how, "image_to_text": how}
     else:
-        t2i, i2t, result["first_stage"] = two_stage_scores(model, split, k_prime=args.k_prime)
+        from mmgeo.search.store import GalleryError
+        from mmgeo.search.two_stage import evaluate_split
+
+        try:  # the service's search code over --index, or over a temporary gallery of the split's images
+            t2i, record = evaluate_split(model, split, args.k_prime, getattr(args, "index_type", None) or "flat",
+                                         gallery)
+        except GalleryError as err:
+            where = f"index {gallery.root} was not built from this split: " if gallery is not None else ""
+            raise SystemExit(f"{where}{err}") from err
+        i2t = t2i  # image->text read from the same text->image candidates (record["measured"])
+        result.update(record)
     score_s = time.time() - start - encode_s
     result["metrics"] = retrieval_metrics(t2i, split.text_to_image, scores_i2t=i2t)
     if args.plot:
         ranks = {"text -> image": text_to_image_ranks(t2i, split.text_to_image),
                  "image -> text": image_to_text_ranks(i2t, split.text_to_image)}
-        title = f"{args.data} {args.split}: {model.default_mode} score, {args.mode}"
+        title = f"{args.data} {args.split}: {model.default_mode} score, {mode}"
         result["plot"] = str(plot_recall_curves(ranks, args.plot, title=title))
     result["counts"] = {"images": len(split.images), "captions": len(split.texts)}
     if hasattr(dataset, "skipped"):  # real data: bad samples dropped when the dataset was indexed, by reason
         result["counts"]["skipped"] = dict(dataset.skipped)
-    if model.geometric:  # attention diagnostics (DESIGN §3, §8) on the first DIAGNOSTIC_IMAGES images + captions
+    if model.geometric:  # attention diagnostics (docs/design.md §3, §8), first DIAGNOSTIC_IMAGES images + captions
         keep = split.text_to_image < DIAGNOSTIC_IMAGES
         result["diagnostics"] = {"images": min(DIAGNOSTIC_IMAGES, len(split.images)), **diagnose(
             model, split.texts[keep.to(split.texts.pooled.device)], split.images, split.text_to_image[keep])}
     else:
         result["diagnostics"] = {"skipped": "global-only model (score='global'): no attention to diagnose"}
-    result["timing_s"] = {"encode": round(encode_s, 2), "score": round(score_s, 2),  # score: every pair (or two-stage)
+    result["timing_s"] = {"encode": round(encode_s, 2), "score": round(score_s, 2),  # every pair, or two-stage search
                           "metrics_diagnostics": round(time.time() - start - encode_s - score_s, 2)}
     if suite == "all":
         result["task"] = "retrieval+compositional"
@@ -139,7 +186,7 @@ def evaluate(args) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    which = p.add_mutually_exclusive_group(required=True)
+    which = p.add_mutually_exclusive_group()
     which.add_argument("--ckpt", help="model.pt from train.py (or a Lightning .ckpt of ours)")
     which.add_argument("--model", help="openclip:ARCH[/TAG], e.g. openclip:ViT-B-32/laion2b_s34b_b79k (zero-shot)")
     p.add_argument("--data", default="synthetic",
@@ -151,7 +198,7 @@ def main(argv: list[str] | None = None) -> dict:
                    help="sugarcrepe: skip and count malformed entries / missing images instead of stopping")
     p.add_argument("--suite", default="retrieval", choices=["retrieval", "compositional", "all"],
                    help="retrieval: R@K (CLIP_benchmark); compositional: caption vs edited caption per edit "
-                        "type (DESIGN §9); all: both")
+                        "type (docs/design.md §9); all: both")
     p.add_argument("--suite-limit", type=int, default=None,
                    help="compositional suite on the shapes world: only the first N images (default: --limit / all)")
     p.add_argument("--data-format", default=None, choices=["hf", "karpathy", "csv"],
@@ -160,8 +207,13 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--split", default="test", choices=["train", "val", "test", "cogent"],
                    help="cogent: the shapes world's held-out colour-shape combos (synthetic only)")
     p.add_argument("--out", default=None, help="write the JSON result here")
-    p.add_argument("--mode", default="exact", choices=["exact", "two-stage"])
+    p.add_argument("--mode", default=None, choices=["exact", "two-stage"],
+                   help="default: exact, or two-stage with --index")
     p.add_argument("--k-prime", type=int, default=100, help="two-stage: candidates re-ranked per query")
+    p.add_argument("--index-type", default=None, choices=INDEX_TYPES,
+                   help="two-stage: FAISS index of the temporary gallery of the split's images (default flat)")
+    p.add_argument("--index", default=None, help="two-stage over a gallery from `python -m serve build` (built from "
+                   "this split, same order); the model is --ckpt or the checkpoint its manifest names")
     p.add_argument("--seed", type=int, default=0, help="synthetic data seed")
     p.add_argument("--image-size", type=int, default=0, help="synthetic image side (0 = the model's input size)")
     p.add_argument("--limit", type=int, default=None, help="evaluate only the first N images")
@@ -171,6 +223,16 @@ def main(argv: list[str] | None = None) -> dict:
     args = p.parse_args(argv)
     if args.k_prime <= 0:
         p.error(f"--k-prime must be positive, got {args.k_prime}")
+    if not (args.ckpt or args.model or args.index):
+        p.error("give the model: --ckpt MODEL.pt, --model openclip:ARCH[/TAG], or --index DIR (its checkpoint)")
+    if args.index and args.mode == "exact":
+        p.error("--index evaluates a built gallery by two-stage search: drop --mode exact (or drop --index)")
+    if args.index and args.index_type:
+        p.error("--index-type applies to the temporary gallery; an --index gallery has its own type")
+    if args.index_type and args.mode != "two-stage":
+        p.error("--index-type applies to --mode two-stage")
+    if args.index and args.suite == "compositional":
+        p.error("--index is for retrieval (--suite retrieval or all), not the compositional suite")
     result = evaluate(args)
     if "metrics" in result:
         c = result["counts"]
@@ -183,8 +245,11 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"time: encode {t['encode']:.1f} s, {result['mode']} scoring {t['score']:.1f} s, "
               f"metrics + diagnostics {t['metrics_diagnostics']:.1f} s")
         if "first_stage" in result:
-            fs = result["first_stage"]
+            fs, ts = result["first_stage"], result["two_stage"]
             t2i, i2t = fs["text_to_image_first_stage_recall"], fs["image_to_text_first_stage_recall"]
+            print(f"two-stage over {ts['index'] or 'a temporary gallery of the split'} ({ts['index_type']} index, "
+                  f"K'={ts['k_prime']}): text->image by the service's search; image->text read from the "
+                  "text->image candidates (no image->text search)")
             print(f"first stage (FAISS top-{fs['k_prime']}) recall: text->image {100 * t2i:.1f}, "
                   f"image->text {100 * i2t:.1f}")
     if "compositional" in result:

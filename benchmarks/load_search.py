@@ -34,7 +34,8 @@ def prepare(workdir: Path, count: int, index_type: str) -> Path:
     import torch
 
     import mmgeo
-    from mmgeo.gallery import build_random_gallery, file_sha256
+    from mmgeo.search.build import build_random_gallery
+    from mmgeo.search.store import file_sha256
 
     workdir.mkdir(parents=True, exist_ok=True)
     ckpt, index = workdir / "geo-tiny.pt", workdir / f"index-{count}-{index_type}"

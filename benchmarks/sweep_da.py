@@ -1,10 +1,10 @@
-"""Attention-space sweep (DESIGN §8, d_a rule of thumb): train the embedded default at several d_a and
+"""Attention-space sweep (docs/design.md §8, d_a rule of thumb): train the embedded default at several d_a and
 compare text->image R@1, parameter count and peak memory.
 
     python benchmarks/sweep_da.py [--d-a 8 16 32 64 128] [--steps 200] [--limit 300] [--trainer.batch_size 32 ...]
 
-Each d_a trains in its own subprocess (train.main with configs/synthetic.yaml and overrides), then scores the
-synthetic test split exactly (eval.py's protocol; first ``--limit`` images, 5 captions each). Peak memory is
+Each d_a trains in its own subprocess (mmgeo.training.train with configs/synthetic.yaml and overrides), then
+scores the synthetic test split exactly (eval.py's protocol; first ``--limit`` images, 5 captions each). Peak memory is
 that subprocess's ru_maxrss: the peak resident set of training + evaluation in one fresh process (DataLoader
 workers, whose memory does not depend on d_a, are not included; the Python/torch baseline is). Extra
 ``--a.b value`` arguments are passed to train.py as overrides. Writes docs/sweep_da.md and docs/sweep_da.png.
@@ -28,7 +28,7 @@ def worker(spec: dict) -> dict:
     sys.path.insert(0, str(ROOT))
     import torch
 
-    import train as train_app
+    import mmgeo.training as training
     from mmgeo.checkpoint import load_model
     from mmgeo.data import build_dataset
     from mmgeo.diagnostics import diagnose
@@ -36,7 +36,7 @@ def worker(spec: dict) -> dict:
     from mmgeo.retrieval import encode_split, exact_scores
 
     start = time.time()
-    ckpt = train_app.main(spec["train_args"])
+    ckpt = training.train(spec["train_args"])
     train_s = time.time() - start
     model = load_model(ckpt)
     data = build_dataset("synthetic", "test", image_size=model.cfg.image_size, size=spec["limit"])
@@ -45,7 +45,7 @@ def worker(spec: dict) -> dict:
     metrics = retrieval_metrics(scores, split.text_to_image)
     keep = split.text_to_image < 64
     diag = diagnose(model, split.texts[keep], split.images, split.text_to_image[keep], warn=False)
-    attn_space = sum(p.numel() for n, p in model.named_parameters() if n.split(".")[0] in ("query_mlp", "key_head"))
+    attn_space = sum(p.numel() for p in model.parameter_groups()["qk"])  # the Q/K maps
     return {"d_a": spec["d_a"], "t2i_R@1": metrics["text_to_image_R@1"], "i2t_R@1": metrics["image_to_text_R@1"],
             "params": sum(p.numel() for p in model.parameters()), "qk_params": attn_space,
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,

@@ -6,10 +6,11 @@
     python benchmarks/train_speed.py --tiny --steps 3 --warmup 1                # smoke run, seconds
 
 Each measurement is a child process (this venv's python) whose cwd and sys.path[0] are the checkout measured,
-so it imports that checkout's train.py and mmgeo. It runs train.main(argv, callbacks=[timer]) for warmup + steps
-steps (temp out_dir, unique --name; the config path is read relative to that checkout) with the config's
-validation as it would happen, then times the pieces of a step by hand on a few batches: data (__getitem__ with
-rendering + preprocess), collate (tokenisation), text / image tower, score + loss, backward, AdamW step.
+so it imports that checkout's mmgeo (mmgeo.training; train.py itself in checkouts from before that package).
+It runs mmgeo.training.train(argv, callbacks=[timer]) for warmup + steps steps (temp out_dir, unique --name; the
+config path is read relative to that checkout) with the config's validation as it would happen, then times the
+pieces of a step by hand on a few batches: data (__getitem__ with rendering + preprocess), collate (tokenisation),
+text / image tower, score + loss, backward, AdamW step.
 "Lightning/logging overhead" = Lightning's in-step time minus the forward, loss, backward and optimiser parts.
 Steady state: the steps after --warmup; period = batch start to next batch start, validation time removed;
 data wait = period - in-step (the loader and the loop between batches). --compare REF (commit, tag, branch or
@@ -29,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import types
 import uuid
 from pathlib import Path
 
@@ -52,6 +54,29 @@ def log(msg: str) -> None:
 
 
 # ----------------------------------------------------------------------------------------------- child process
+def training_api(checkout: Path) -> types.SimpleNamespace:
+    """The measured checkout's training entry points: mmgeo.training, or for a checkout from before that package
+    (a --compare REF), its train.py module, where they all lived. Looked up on disk: an editable install of this
+    project would otherwise find a subpackage the measured checkout lacks in the installed one."""
+    if not (checkout / "mmgeo" / "training").is_dir():
+        old = importlib.import_module("train")
+        return types.SimpleNamespace(
+            modules=[old], main=old.main, TrainConfig=old.TrainConfig, RetrievalModule=old.RetrievalModule,
+            build_loader=old.build_loader, load_config=getattr(old, "load_config", None),
+            ValidationRecall=getattr(old, "ValidationRecall", None),
+            AttentionDiagnostics=getattr(old, "AttentionDiagnostics", None),
+            train_split=lambda cfg, module: old.open_split(cfg.data, "train", cfg.data.train_size))
+    training = importlib.import_module("mmgeo.training")
+    from mmgeo.data.pairs import open_split
+
+    return types.SimpleNamespace(
+        modules=[training], main=training.train, TrainConfig=training.TrainConfig,
+        RetrievalModule=training.RetrievalModule, build_loader=training.build_loader, load_config=None,
+        ValidationRecall=training.ValidationRecall, AttentionDiagnostics=training.AttentionDiagnostics,
+        train_split=lambda cfg, module: open_split(cfg.data, "train", cfg.data.train_size,
+                                                   module.model.cfg.image_size))
+
+
 def child(spec: dict) -> dict:
     """One measurement inside the checkout ``spec["checkout"]`` (cwd and sys.path[0] set by the parent)."""
     sys.path[0] = spec["checkout"]
@@ -59,14 +84,14 @@ def child(spec: dict) -> dict:
     import torch
 
     import mmgeo
-    import train
 
-    for mod in (train, mmgeo):
+    train = training_api(Path(spec["checkout"]))
+    for mod in (*train.modules, mmgeo):
         if not Path(mod.__file__).resolve().is_relative_to(Path(spec["checkout"]).resolve()):
             raise RuntimeError(f"{mod.__name__} imported from {mod.__file__}, not from {spec['checkout']}")
     spans: list[tuple[str, float, float]] = []  # (kind, start, end) of validation / diagnostics runs
     for kind, cls_name in (("val", "ValidationRecall"), ("diag", "AttentionDiagnostics")):
-        cls = getattr(train, cls_name, None)
+        cls = getattr(train, cls_name)
         if cls is not None and hasattr(cls, "_run"):
             def timed(self, *a, _fn=cls._run, _kind=kind, **k):
                 t0 = time.perf_counter()
@@ -113,7 +138,7 @@ def child(spec: dict) -> dict:
            "val_s": statistics.fmean(runs["val"]) if runs["val"] else None,
            "diag_s": statistics.fmean(runs["diag"]) if runs["diag"] else None,
            "torch": torch.__version__, "threads": timer.threads}
-    if not hasattr(train, "ValidationRecall"):
+    if train.ValidationRecall is None:
         out["val_runs"] = None
     times, errors = breakdown(train, spec, spec["batches"])
     out.update({f"{k}_ms": v for k, v in times.items()}, breakdown_errors=errors)
@@ -123,7 +148,7 @@ def child(spec: dict) -> dict:
 
 
 def breakdown(train, spec: dict, batches: int) -> tuple[dict[str, float | None], dict[str, str]]:
-    """Median ms of each piece of a step over ``batches`` batches (after one untimed), built as train.py does."""
+    """Median ms of each piece of a step over ``batches`` batches (after one untimed), built as training does."""
     import torch
 
     times: dict[str, list[float]] = {p: [] for p in PIECES}
@@ -143,13 +168,13 @@ def breakdown(train, spec: dict, batches: int) -> tuple[dict[str, float | None],
             state.pop(name, None)
 
     try:
-        load = getattr(train, "load_config", None) or importlib.import_module("mmgeo.config").load_config
+        load = train.load_config or importlib.import_module("mmgeo.config").load_config
         cfg = load(train.TrainConfig, spec["config"], spec["overrides"])
         losses = importlib.import_module("mmgeo.losses")
         torch.manual_seed(cfg.trainer.seed)
         module = train.RetrievalModule(cfg)
         model = module.model.train()
-        loader = train.build_loader(cfg, module, train.open_split(cfg.data, "train", cfg.data.train_size))
+        loader = train.build_loader(cfg, module, train.train_split(cfg, module))
         keys = iter(loader.batch_sampler)
         opt = module.configure_optimizers()
         opt = opt["optimizer"] if isinstance(opt, dict) else opt[0] if isinstance(opt, (list, tuple)) else opt

@@ -2,11 +2,16 @@
 
 ``load_config(TrainConfig, "configs/synthetic.yaml", ["--trainer.max_steps", "300"])`` builds the
 nested dataclasses, checks every key and type, and names the offending key and the fix on error.
+
+Two schema helpers: ``Annotated[dict, FieldsOf(SomeDataclass)]`` types a mapping of some of that dataclass's
+fields (overrides), each value checked against its field's type; a dataclass's ``MOVED`` class attribute
+(``{"old_key": "where it lives now"}``) turns a removed key into an error that names its new place.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import types
 import typing
 from pathlib import Path
@@ -19,10 +24,40 @@ class ConfigError(ValueError):
     """A config file or override does not match the schema."""
 
 
+@dataclasses.dataclass(frozen=True)
+class FieldsOf:
+    """Marker for ``Annotated[dict, FieldsOf(cls)]``: a mapping of some fields of dataclass ``cls``."""
+
+    cls: type
+
+
+def _unknown_keys(where: str, unknown: list[str], names: list[str], owner: str) -> ConfigError:
+    """The error for keys not in ``names``, with a "did you mean" for near misses."""
+    close = {k: difflib.get_close_matches(k, names, n=1) for k in unknown}
+    hint = "; ".join(f"did you mean {m[0]!r} for {k!r}?" for k, m in close.items() if m)
+    return ConfigError(f"{where}: unknown key(s) {unknown}{f' ({hint})' if hint else ''}; "
+                       f"valid keys of {owner}: {names}")
+
+
+def _check_fields_of(value: Any, cls: type, where: str) -> dict:
+    """A mapping of some of ``cls``'s fields, each value checked (and converted) to its field's type."""
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where}: expected a mapping of {cls.__name__} fields, got {value!r}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(value) - set(names))
+    if unknown:
+        raise _unknown_keys(where, unknown, names, cls.__name__)
+    return {k: _check_type(v, hints[k], f"{where}.{k}") for k, v in value.items()}
+
+
 def _check_type(value: Any, tp: Any, where: str) -> Any:
     origin = typing.get_origin(tp)
     if tp is Any:
         return value
+    if origin is typing.Annotated:
+        marks = [m for m in tp.__metadata__ if isinstance(m, FieldsOf)]
+        return _check_fields_of(value, marks[0].cls, where) if marks else _check_type(value, tp.__origin__, where)
     if origin in (typing.Union, types.UnionType):
         for arm in typing.get_args(tp):
             try:
@@ -64,11 +99,15 @@ def from_dict(cls, data: dict | None, where: str = "config"):
     data = data or {}
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: expected a mapping of {cls.__name__} fields, got {data!r}")
-    hints = typing.get_type_hints(cls)
+    hints = typing.get_type_hints(cls, include_extras=True)
     names = [f.name for f in dataclasses.fields(cls)]
+    moved = getattr(cls, "MOVED", {})
+    stale = sorted(set(data) & set(moved))
+    if stale:
+        raise ConfigError(f"{where}.{stale[0]} is no longer a setting: set {moved[stale[0]]}")
     unknown = sorted(set(data) - set(names))
     if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {unknown}; valid keys of {cls.__name__}: {names}")
+        raise _unknown_keys(where, unknown, names, cls.__name__)
     return cls(**{k: _check_type(v, hints[k], f"{where}.{k}") for k, v in data.items()})
 
 

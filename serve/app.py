@@ -1,4 +1,4 @@
-"""The search service: FastAPI app over a gallery index (``mmgeo.gallery``) and its model.
+"""The search service: FastAPI app over a gallery index (``mmgeo.search``) and its model.
 
 Endpoints: POST /search, POST /search/image, GET /images/{id}, GET /explain, GET /health, GET /metrics,
 GET / (web page). Every bad input is a 4xx with ``{"error": "..."}`` naming the problem.
@@ -21,7 +21,9 @@ from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, PlainTex
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from mmgeo.gallery import Gallery, open_image, search_texts
+from mmgeo.data.images import MAX_PIXELS, open_image
+from mmgeo.search.store import Gallery
+from mmgeo.search.two_stage import search_texts
 from serve.batching import MicroBatcher
 from serve.guard import BodySizeGuard
 from serve.metrics import Metrics, MetricsMiddleware
@@ -35,7 +37,7 @@ class Limits:
     max_k: int = 100
     k_prime: int = 100  # first-stage candidates re-ranked by the geometric score
     max_upload_bytes: int = 10 << 20
-    max_image_pixels: int = 40_000_000
+    max_image_pixels: int = MAX_PIXELS  # the one decompression-bomb cap (mmgeo.data.images)
     batch_size: int = 32  # micro-batch of queries (encode + search + re-rank together)
     batch_wait_ms: float = 3.0
     batch_workers: int = 2  # micro-batches in flight at once (one per core helps; each runs in its own thread)

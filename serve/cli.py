@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from mmgeo.gallery import INDEX_TYPES
+from mmgeo.search.faiss_index import INDEX_TYPES
 
 
 def parse(argv=None) -> argparse.Namespace:
@@ -45,7 +45,7 @@ def parse(argv=None) -> argparse.Namespace:
 
 def build(args) -> int:
     import mmgeo
-    from mmgeo.gallery import build_gallery, folder_items
+    from mmgeo.search.build import build_gallery, folder_items
 
     if args.shard_size < 1:
         raise ValueError(f"--shard-size must be at least 1, got {args.shard_size}")

@@ -1,4 +1,5 @@
-"""Attention heatmaps: which patches each caption word looks at (DESIGN §2, a_tj = softmax_j <q_t, k_j>/sqrt(d_a))."""
+"""Attention heatmaps: which patches each caption word looks at (docs/design.md §2,
+a_tj = softmax_j <q_t, k_j>/sqrt(d_a))."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ import pytest
 
 import mmgeo
 from mmgeo.config import ConfigError, load_config, parse_overrides
-from train import TrainConfig
+from mmgeo.training.config import TrainConfig
 
 CONFIGS = sorted(Path(__file__).resolve().parents[1].joinpath("configs").glob("*.yaml"))
 

@@ -21,3 +21,106 @@ def test_import_mmgeo_is_lazy():
     code = "import sys, mmgeo; print('torch' in sys.modules, 'transformers' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.split() == ["False", "False"]
+
+
+APP_FILES = ("train.py", "eval.py")
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _sources() -> dict[str, Path]:
+    files = [p for d in ("mmgeo", "serve") for p in (ROOT / d).rglob("*.py")] + [ROOT / f for f in APP_FILES]
+    return {_module_name(p): p for p in files}
+
+
+def _imports(path: Path, modules: dict[str, Path]) -> list[tuple[str, list[str]]]:
+    """(imported module, names taken from it) for every import in the file, top-level or inside functions."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out += [(a.name, []) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            for a in node.names:  # `from pkg import sub` imports the submodule pkg.sub
+                sub = f"{node.module}.{a.name}"
+                out.append((sub, []) if sub in modules else (node.module, [a.name]))
+    return [(m, names) for m, names in out if m in modules]
+
+
+def test_no_import_cycles():
+    """Every import counts, lazy ones inside functions too: a cycle through a lazy import is still a cycle."""
+    modules = _sources()
+    graph = {m: {dep for dep, _ in _imports(p, modules)} - {m} for m, p in modules.items()}
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(m):
+        state[m] = 1
+        stack.append(m)
+        for dep in sorted(graph[m]):
+            if state.get(dep) == 1:
+                cycle = stack[stack.index(dep):] + [dep]
+                raise AssertionError("import cycle: " + " -> ".join(cycle))
+            if dep not in state:
+                visit(dep)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m)
+
+
+def test_no_private_names_cross_modules():
+    """`from a import _x` only inside a's own package; a private module (`_common`) only from its package."""
+    modules = _sources()
+    bad = []
+    for m, path in modules.items():
+        package = m.rsplit(".", 1)[0]
+        for dep, names in _imports(path, modules):
+            private_mod = [part for part in dep.split(".") if part.startswith("_") and part != "__init__"]
+            if private_mod and not m.startswith(dep.rsplit(".", 1)[0]):
+                bad.append(f"{m} imports private module {dep}")
+            bad += [f"{m} imports {dep}.{n}" for n in names if n.startswith("_") and dep.rsplit(".", 1)[0] != package]
+    assert not bad, bad
+
+
+def test_nothing_imports_train_py():
+    """train.py is an entry point over mmgeo.training: no module, benchmark or test imports it."""
+    files = [p for d in ("mmgeo", "serve", "benchmarks", "tests", "scripts") for p in (ROOT / d).rglob("*.py")]
+    bad = []
+    for path in files + [ROOT / f for f in APP_FILES]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            bad += [f"{path.relative_to(ROOT)} imports {n}" for n in names if n.split(".")[0] == "train"]
+    assert not bad, bad
+
+
+def _code_files() -> list[Path]:
+    dirs = ("mmgeo", "serve", "benchmarks", "tests", "scripts")
+    return [p for d in dirs for p in (ROOT / d).rglob("*.py")] + [ROOT / f for f in APP_FILES]
+
+
+def test_design_references_resolve_to_docs_design_md():
+    """Code cites the repository's own docs/design.md (§N = its section N), never a file outside the repository
+    or an issue number a reader cannot open."""
+    import re
+
+    sections = set(re.findall(r"^## (\d+)\. ", (ROOT / "docs" / "design.md").read_text(), flags=re.M))
+    bad = []
+    for path in _code_files():
+        if path == Path(__file__).resolve():
+            continue  # this test spells out the patterns it looks for
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            where = f"{path.relative_to(ROOT)}:{n}"
+            if re.search(r"\bDESIGN\b|\bissues? ?#?\d", line):
+                bad.append(f"{where}: {line.strip()[:80]}")
+            for ref in re.findall(r"docs/design\.md ((?:§\d+(?:\.\d+)*(?:, )?)+)", line):
+                bad += [f"{where}: §{s} is not a section of docs/design.md"
+                        for s in re.findall(r"§(\d+)", ref) if s not in sections]
+            if "§" in line and "docs/design.md §" not in line:
+                bad.append(f"{where}: a § reference that names no document: {line.strip()[:80]}")
+    assert not bad, "\n".join(bad)

@@ -1,7 +1,8 @@
 """Datasets: every one yields ``ds[i] -> (PIL.Image, list[str])`` — one image, all its captions."""
 
 from mmgeo.data.caption_edits import EDIT_KINDS, caption_negatives, edit_caption
-from mmgeo.data.flickr import MAX_PIXELS, Flickr30K, check_split, detect_format
+from mmgeo.data.flickr import Flickr30K, check_split, detect_format
+from mmgeo.data.images import MAX_PIXELS
 from mmgeo.data.shapes import HELDOUT_COMBOS, SPLITS, ShapesWorld
 
 __all__ = ["EDIT_KINDS", "Flickr30K", "HELDOUT_COMBOS", "MAX_PIXELS", "SPLITS", "ShapesWorld", "build_dataset",

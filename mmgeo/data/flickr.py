@@ -1,4 +1,4 @@
-"""Flickr30K, Karpathy split (29,000 / 1,014 / 1,000 images, 5 captions each), from three layouts (DESIGN §5).
+"""Flickr30K, Karpathy split (29,000 / 1,014 / 1,000 images, 5 captions each), from three layouts (docs/design.md §5).
 
     hf        a Hugging Face ``datasets`` id (cached only when offline) or a folder of .parquet files with
               columns ``image`` / ``caption`` (list) / ``split`` / ``filename`` — nlphuji/flickr30k's layout,
@@ -34,11 +34,12 @@ from pathlib import Path
 
 from PIL import Image
 
+from mmgeo.data.images import MAX_PIXELS
+
 log = logging.getLogger("mmgeo.data")
 
 KARPATHY_JSON = "dataset_flickr30k.json"
 SPLIT_SIZES = {"train": 29_000, "val": 1_014, "test": 1_000}  # images; 5 captions each
-MAX_PIXELS = 89_478_485  # PIL's own decompression-bomb threshold (about 0.25 GB of RGB)
 _SPLIT_ALIASES = {"train": ("train", "restval"), "val": ("val", "validation", "dev"), "test": ("test",)}
 SKIP_REASONS = ("missing_file", "unreadable_image", "too_large", "empty_caption", "no_caption")
 

@@ -1,4 +1,4 @@
-"""The "shapes world": a procedural image–caption retrieval set that needs no download (DESIGN §5).
+"""The "shapes world": a procedural image–caption retrieval set that needs no download (docs/design.md §5).
 
 Each scene holds 1–4 flat objects (shape, colour, size) in distinct cells of a 3×3 grid, drawn on
 a lightly tinted background. Five captions per image describe *every* object, each in its own
@@ -28,6 +28,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 from PIL import Image, ImageDraw
 
+from mmgeo.data.flickr import SPLIT_SIZES
+
 SHAPES = ("circle", "square", "triangle", "diamond")
 COLORS = {
     "red": (215, 40, 40),
@@ -52,7 +54,7 @@ CELL_PHRASES = {
     (2, 2): ("in the bottom right", "at the lower right"),
 }
 COUNT_WORDS = ("one", "two", "three", "four")
-SPLITS = {"train": 29_000, "val": 1_014, "test": 1_000, "cogent": 1_000}
+SPLITS = {**SPLIT_SIZES, "cogent": 1_000}  # images: Flickr30K's Karpathy splits, plus the held-out-combo split
 SPLIT_IDS = {"train": 0, "val": 1, "test": 2, "cogent": 3}
 # (colour, shape) pairs absent from train / val / test, present once in every "cogent" scene.
 HELDOUT_COMBOS = (("red", "triangle"), ("green", "diamond"), ("blue", "circle"), ("yellow", "square"),

@@ -1,4 +1,4 @@
-"""geo_attention: flash-style attention whose query/key dim d_a may differ from the value dim d_v (docs/design.md §3, §4).
+"""geo_attention: flash-style attention whose query/key dim d_a may differ from d_v (docs/design.md §3, §4).
 
     out_i = Σ_j softmax_j(scale · <q_i, k_j>) v_j       over the keys j that row i may attend
 

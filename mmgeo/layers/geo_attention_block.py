@@ -1,4 +1,4 @@
-"""GeometricAttentionBlock: the framework's general operator as a drop-in for ``nn.MultiheadAttention`` (docs/design.md §3).
+"""GeometricAttentionBlock: the general operator as a drop-in for ``nn.MultiheadAttention`` (docs/design.md §3).
 
 Scaled dot-product attention in a learned attention space of ``d_a`` dims per head::
 

@@ -1,4 +1,4 @@
-"""Any open_clip model behind the interface eval.py uses: zero-shot baselines under the same protocol (docs/design.md §6).
+"""Any open_clip model behind eval.py's interface: zero-shot baselines under the same protocol (docs/design.md §6).
 
     model = load_openclip("openclip:ViT-B-32/laion2b_s34b_b79k")   # "openclip:ARCH" alone = random init
     model.encode_text(captions), model.encode_image(pil_images), model.score(t, i, mode="global")

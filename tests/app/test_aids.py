@@ -1,82 +1,35 @@
-"""Training aids (DESIGN §3, §8): each switch does what it says."""
+"""Training aids (docs/design.md §3) in real runs: each switch does what it says, and eval.py reports diagnostics.
 
-import pytest
+Unit tests of the module and callbacks are in tests/training/."""
+
 import torch
 
-import train as train_app
-from mmgeo.config import load_config
+import mmgeo.training as training
 from mmgeo.diagnostics import orthogonality_penalty
+from mmgeo.training import RetrievalModule
 from tests.conftest import TINY
 
 
 def _train(tmp_path, steps, extra):
     args = ["--config", "configs/synthetic.yaml", "--out_dir", str(tmp_path), "--trainer.max_steps", str(steps),
             "--trainer.batch_size", "8", "--data.train_size", "32", "--data.num_workers", "0",
-            "--data.image_size", "32", "--trainer.log_every_n_steps", "1", "--aids.diagnostics_images", "2", *extra]
+            "--trainer.log_every_n_steps", "1", "--aids.diagnostics_images", "2", *extra]
     for k, v in TINY.items():
         args += [f"--model_args.{k}", str(v)]
-    return train_app.main(args)
-
-
-def _module(**aids):
-    overrides = [x for k, v in aids.items() for x in (f"--aids.{k}", str(v))]
-    overrides += [x for k, v in TINY.items() for x in (f"--model_args.{k}", str(v))]
-    cfg = load_config(train_app.TrainConfig, "configs/synthetic.yaml", overrides + ["--trainer.max_steps", "20"])
-    torch.manual_seed(0)
-    return train_app.RetrievalModule(cfg)
-
-
-def test_defaults_are_off():
-    a = train_app.AidsConfig()
-    assert a.qk_init_gain is None and a.clip_qk is None and a.freeze_value_fraction == 0 and a.ortho_weight == 0
-    with pytest.raises(ValueError, match="freeze_value_fraction"):
-        train_app.AidsConfig(freeze_value_fraction=1.0)
-    with pytest.raises(ValueError, match="clip_qk"):
-        train_app.AidsConfig(clip_qk=0)
-
-
-@pytest.mark.parametrize("gain", [0.1, 0.05])
-def test_qk_init_is_orthogonal_up_to_the_gain(gain):
-    model = _module(qk_init_gain=gain).model
-    assert model.cfg.qk_init_gain == gain
-    for w in model.qk_maps().values():  # (H·d_a, fan_in): H·d_a <= fan_in at test size -> rows orthogonal
-        side = w @ w.T if w.shape[0] <= w.shape[1] else w.T @ w
-        torch.testing.assert_close(side, gain ** 2 * torch.eye(side.shape[0]), atol=1e-6, rtol=0)
-
-
-def test_qk_init_gain_conflict_is_named():
-    cfg = load_config(train_app.TrainConfig, "configs/synthetic.yaml",
-                      ["--aids.qk_init_gain", "0.1", "--model_args.qk_init_gain", "0.2"])
-    with pytest.raises(ValueError, match="disagree"):
-        train_app.RetrievalModule(cfg)
-
-
-def test_layered_clipping_brings_each_group_to_its_limit():
-    module = _module(clip_qk=0.5, clip_value=1.0, clip_rest=2.0)
-    module.log_dict = lambda *a, **k: None  # outside a Trainer
-    for p in module.model.parameters():
-        p.grad = torch.randn_like(p) * 10  # far above every limit
-    module.configure_gradient_clipping(None)
-    for group, limit in (("qk", 0.5), ("value", 1.0), ("rest", 2.0)):
-        norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in module.groups[group]]))
-        assert norm <= limit * (1 + 1e-5), (group, float(norm))
-        assert norm >= 0.99 * limit  # clipped to, not below, the limit
-    names = {id(p): n for n, p in module.model.named_parameters()}
-    assert all(names[id(p)].startswith(("query_mlp", "key_head")) for p in module.groups["qk"])
-    assert {names[id(p)].split(".")[0] for p in module.groups["value"]} == {"value_proj", "text_value"}
+    return training.train(args)
 
 
 def test_value_projection_frozen_in_stage_one_then_trained(tmp_path, monkeypatch):
     """freeze 50% of 4 steps: value params bit-identical after steps 1-2 (AdamW decay included), moved after."""
     seen = []
-    original = train_app.RetrievalModule.on_train_batch_start
+    original = RetrievalModule.on_train_batch_start
 
     def spy(self, batch, batch_idx):
         seen.append((self.global_step, [p.detach().clone() for p in self.groups["value"]],
                      [p.detach().clone() for p in self.groups["qk"]]))
         return original(self, batch, batch_idx)
 
-    monkeypatch.setattr(train_app.RetrievalModule, "on_train_batch_start", spy)
+    monkeypatch.setattr(RetrievalModule, "on_train_batch_start", spy)
     _train(tmp_path, steps=4, extra=["--aids.freeze_value_fraction", "0.5", "--optim.weight_decay", "0.5",
                                      "--data.val_size", "0"])
     steps = [s for s, _, _ in seen]
@@ -103,14 +56,14 @@ def test_orthogonality_regulariser_step_reduces_the_penalty():
 def test_orthogonality_loss_is_logged_and_clipping_norms_too(tmp_path, monkeypatch):
     """In a real run: right after Lightning's clipping hook every group's grad norm is within its limit."""
     after = []
-    original = train_app.RetrievalModule.configure_gradient_clipping
+    original = RetrievalModule.configure_gradient_clipping
 
     def spy(self, optimizer, *args, **kwargs):
         original(self, optimizer, *args, **kwargs)
         after.append({g: float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in ps if p.grad is not None])))
                       for g, ps in self.groups.items()})
 
-    monkeypatch.setattr(train_app.RetrievalModule, "configure_gradient_clipping", spy)
+    monkeypatch.setattr(RetrievalModule, "configure_gradient_clipping", spy)
     run = _train(tmp_path, steps=2, extra=["--aids.ortho_weight", "0.01", "--aids.clip_qk", "0.5",
                                            "--aids.diagnostics_every_n_steps", "1", "--data.val_size", "0"]).parent
     header = (run / "metrics.csv").read_text().splitlines()[0]
@@ -141,27 +94,7 @@ def test_eval_json_notes_skipped_diagnostics_for_global_only(tmp_path):
     import eval as eval_app
 
     args = ["--config", "configs/synthetic_clip.yaml", "--out_dir", str(tmp_path), "--trainer.max_steps", "1",
-            "--trainer.batch_size", "8", "--data.train_size", "16", "--data.num_workers", "0", "--data.val_size", "0",
-            "--data.image_size", "32"] + [x for k, v in TINY.items() for x in (f"--model_args.{k}", str(v))]
-    result = eval_app.main(["--ckpt", str(train_app.main(args)), "--limit", "3"])
+            "--trainer.batch_size", "8", "--data.train_size", "16", "--data.num_workers", "0", "--data.val_size", "0"]
+    args += [x for k, v in TINY.items() for x in (f"--model_args.{k}", str(v))]
+    result = eval_app.main(["--ckpt", str(training.train(args)), "--limit", "3"])
     assert "global-only" in result["diagnostics"]["skipped"]
-
-
-def test_diagnostic_warnings_wait_for_the_grace_period(tiny_model):
-    """At initialisation attention is near-uniform by construction: no warning before grace_steps."""
-    import types
-    import warnings as w
-
-    from mmgeo.data import ShapesWorld
-    from train import AttentionDiagnostics
-
-    cb = AttentionDiagnostics(ShapesWorld("val", image_size=32, size=4), every_n_steps=1, grace_steps=5)
-    module = types.SimpleNamespace(model=tiny_model)
-    with w.catch_warnings(record=True) as early:
-        w.simplefilter("always")
-        cb._run(types.SimpleNamespace(global_step=1, logger=None), module)
-    assert not [x for x in early if "step 1" in str(x.message)]
-    with w.catch_warnings(record=True) as late:
-        w.simplefilter("always")
-        cb._run(types.SimpleNamespace(global_step=5, logger=None), module)
-    assert any("near-uniform" in str(x.message) for x in late)  # an untrained model attends uniformly

@@ -3,16 +3,16 @@
 import numpy as np
 import torch
 
-import train as train_app
 from mmgeo.data import ShapesWorld
 from mmgeo.data.caption_edits import EDIT_KINDS
+from mmgeo.data.pairs import CaptionPairs, Collate
 from tests.app.test_train_eval import _train
 
 
 def test_pairs_carry_edited_captions_and_collate_puts_them_after_the_captions():
     world = ShapesWorld("train", size=8, image_size=32)
-    pairs = train_app.CaptionPairs(world, lambda im: torch.zeros(3, 32, 32), seed=0, caption_negatives=2,
-                                   negative_kinds=EDIT_KINDS, vocabulary=ShapesWorld.vocabulary())
+    pairs = CaptionPairs(world, lambda im: torch.zeros(3, 32, 32), seed=0, caption_negatives=2,
+                         negative_kinds=EDIT_KINDS, vocabulary=ShapesWorld.vocabulary())
     items = [pairs[(i, 0, 0)] for i in range(4)]
     for item in items:
         (_, caption, negatives), = item["pairs"]
@@ -21,7 +21,7 @@ def test_pairs_carry_edited_captions_and_collate_puts_them_after_the_captions():
         assert sorted(set(" ".join(negatives).split()) - set(ShapesWorld.vocabulary())) == []
     again = [pairs[(i, 0, 0)] for i in range(4)]
     assert [it["pairs"][0][1:] for it in items] == [it["pairs"][0][1:] for it in again]  # deterministic
-    batch = train_app.Collate(lambda texts: {"texts": texts})(items)
+    batch = Collate(lambda texts: {"texts": texts})(items)
     n_neg = sum(len(it["pairs"][0][2]) for it in items)
     assert int(batch["num_captions"]) == 4 and len(batch["texts"]) == 4 + n_neg
     assert batch["texts"][:4] == [it["pairs"][0][1] for it in items]

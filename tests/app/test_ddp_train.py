@@ -1,4 +1,4 @@
-"""train.py on 2 CPU processes (Lightning DDP, gloo) follows the single-process run step for step (issue 7).
+"""train.py on 2 CPU processes (Lightning DDP, gloo) follows the single-process run step for step.
 
 Same global batches (samples.tsv) and the same loss at every step, with and without local loss; text
 dropout off, since ranks draw their own masks. Weights are compared only loosely: Adam turns gradient

@@ -5,7 +5,7 @@ import json
 import pytest
 
 import eval as eval_app
-import train as train_app
+import mmgeo.training as training
 from tests import openclip_tiny
 from tests.conftest import TINY
 from tests.data.flickr_fixtures import BAD_EXPECTED, COUNTS, MAX_PIXELS, WRITERS
@@ -25,7 +25,7 @@ def train_flickr(tmp_path, root, fmt, model="geo-tiny", steps=2, extra=()):
     if model == "geo-tiny":
         for k, v in TINY.items():
             args += [f"--model_args.{k}", str(v)]
-    return train_app.main(args)
+    return training.train(args)
 
 
 @pytest.mark.parametrize("fmt", sorted(WRITERS))
@@ -72,8 +72,8 @@ def test_openclip_model_evaluates_zero_shot(tiny_openclip, tmp_path):
 
 
 def test_missing_openclip_weights_name_the_download(monkeypatch):
+    from mmgeo.hub import MissingDownloadError
     from mmgeo.models.openclip_adapter import load_openclip
-    from mmgeo.models.towers import MissingDownloadError
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(MissingDownloadError, match="huggingface-cli download laion/CLIP-ViT-B-32-laion2B-s34B-b79K"):

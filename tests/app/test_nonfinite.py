@@ -1,4 +1,4 @@
-"""Non-finite steps: skipped (no update) and reported; N in a row stop training with the likely cause (issue 7, 4)."""
+"""Non-finite steps: skipped (no update) and reported; N in a row stop training with the likely cause."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import lightning as L
 import pytest
 import torch
 
-import train as train_app
+import mmgeo.training as training
+from mmgeo.data.pairs import CaptionPairs
 from tests.conftest import TINY
 
 
@@ -14,7 +15,7 @@ def _args(tmp_path, steps, *extra):
     args = ["--config", "configs/synthetic.yaml", "--out_dir", str(tmp_path), "--trainer.max_steps", str(steps),
             "--data.hard_negatives", "true",  # image variants: half of each batch stays finite when poisoned
             "--trainer.batch_size", "8", "--data.train_size", "32", "--data.num_workers", "0", "--data.val_size", "0",
-            "--data.image_size", str(TINY["image_size"]), "--trainer.log_every_n_steps", "1",
+            "--trainer.log_every_n_steps", "1",
             "--trainer.checkpoint_every_n_steps", "0", "--aids.diagnostics_every_n_steps", "0", *extra]
     return args + [x for k, v in TINY.items() for x in (f"--model_args.{k}", str(v))]
 
@@ -23,7 +24,7 @@ def _args(tmp_path, steps, *extra):
 def nan_at(monkeypatch):
     """In the given global steps, every item's own image (not its variant) is all-NaN: 4 of 8 pairs."""
     bad: set[int] = set()
-    original = train_app.CaptionPairs.__getitem__
+    original = CaptionPairs.__getitem__
 
     def poisoned(self, key):
         item = original(self, key)
@@ -31,7 +32,7 @@ def nan_at(monkeypatch):
             item["pairs"][0] = (torch.full_like(item["pairs"][0][0], float("nan")), *item["pairs"][0][1:])
         return item
 
-    monkeypatch.setattr(train_app.CaptionPairs, "__getitem__", poisoned)
+    monkeypatch.setattr(CaptionPairs, "__getitem__", poisoned)
     return bad
 
 
@@ -58,7 +59,7 @@ class Moves(L.Callback):
 def test_nan_step_is_skipped_and_reported(tmp_path, nan_at, capsys):
     nan_at.add(3)
     moves = Moves()
-    train_app.main(_args(tmp_path, 6), callbacks=[moves])
+    training.train(_args(tmp_path, 6), callbacks=[moves])
     assert moves.changed == {0: True, 1: True, 2: True, 3: False, 4: True, 5: True}
     err = capsys.readouterr().err
     assert "step 3: non-finite loss — step skipped (no update); 1 in a row, 1 in total" in err
@@ -72,7 +73,7 @@ def test_nan_step_is_skipped_and_reported(tmp_path, nan_at, capsys):
 def test_nan_streak_stops_training_with_the_cause(tmp_path, nan_at):
     nan_at.update(range(2, 100))
     with pytest.raises(SystemExit) as stop:
-        train_app.main(_args(tmp_path, 20, "--trainer.max_nonfinite_steps", "3"))
+        training.train(_args(tmp_path, 20, "--trainer.max_nonfinite_steps", "3"))
     msg = str(stop.value)
     assert "training stopped at step 4: non-finite loss 3 steps in a row (steps [2, 3, 4])" in msg
     assert "Likely cause: the batch itself holds non-finite pixel values (4 of 8 images)" in msg
@@ -80,7 +81,7 @@ def test_nan_streak_stops_training_with_the_cause(tmp_path, nan_at):
 
 
 def test_exploding_logits_are_named(tmp_path):
-    """Finite data, Q/K maps blown up: the stop message points at the logit explosion (DESIGN §8 table)."""
+    """Finite data, Q/K maps blown up: the stop message points at the logit explosion (docs/design.md §8)."""
 
     class Blow(L.Callback):
         def on_train_start(self, trainer, module):
@@ -89,4 +90,4 @@ def test_exploding_logits_are_named(tmp_path):
                 module.model.key_head.proj.weight.mul_(1e25)
 
     with pytest.raises(SystemExit, match="Likely cause: attention logits explode"):
-        train_app.main(_args(tmp_path, 10, "--trainer.max_nonfinite_steps", "2"), callbacks=[Blow()])
+        training.train(_args(tmp_path, 10, "--trainer.max_nonfinite_steps", "2"), callbacks=[Blow()])

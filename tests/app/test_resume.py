@@ -1,4 +1,4 @@
-"""Fault tolerance of train.py: SIGKILL mid-epoch, --resume, same weights and same samples (issue 7, acceptance 2).
+"""Fault tolerance of train.py: SIGKILL mid-epoch, --resume, same weights and same samples.
 
 Training runs as a real subprocess so that the kill is a real SIGKILL. The uninterrupted reference and the
 killed + resumed run use the same config; dropout is on (per-step seeds make it reproducible).
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import train as train_app
+import mmgeo.training as training
 from mmgeo.data.sampler import read_samples
 from tests.conftest import TINY
 
@@ -30,7 +30,7 @@ def _args(out: Path, name: str, *extra: str) -> list[str]:
             "--trainer.checkpoint_every_n_steps", str(EVERY), "--trainer.log_samples", "true",
             "--trainer.val_every_n_steps", "0", "--trainer.log_every_n_steps", "1", "--trainer.threads", "1",
             "--data.train_size", str(ITEMS), "--data.val_size", "0", "--data.num_workers", "1",
-            "--data.image_size", str(TINY["image_size"]), "--aids.diagnostics_every_n_steps", "0", *extra]
+            "--aids.diagnostics_every_n_steps", "0", *extra]
     for k, v in TINY.items():
         args += [f"--model_args.{k}", str(v)]
     return args
@@ -65,7 +65,7 @@ def runs(tmp_path_factory):
     victim.send_signal(signal.SIGKILL)
     victim.wait()
     killed_at = max(int(line.split("\t")[0]) for line in samples.read_text().splitlines())
-    ckpt = train_app.latest_checkpoint(out / "killed")
+    ckpt = training.latest_checkpoint(out / "killed")
     resumed_out = _finish(_run(_args(out, "killed", "--resume")))
     _finish(reference)
     return {"out": out, "killed_at": killed_at, "resumed_from": int(ckpt.stem.split("=")[1]), "log": resumed_out}
@@ -115,13 +115,13 @@ def test_metrics_log_survives_the_resume(runs):
 
 def test_resume_needs_a_checkpoint(tmp_path):
     with pytest.raises(SystemExit, match="no step checkpoint"):
-        train_app.main(_args(tmp_path, "none", "--resume"))
+        training.train(_args(tmp_path, "none", "--resume"))
 
 
 def test_resume_refuses_another_data_order(runs):
-    ckpt = train_app.latest_checkpoint(runs["out"] / "killed")
+    ckpt = training.latest_checkpoint(runs["out"] / "killed")
     with pytest.raises(ValueError, match="cannot resume this data order"):
-        train_app.main(_args(runs["out"], "other", "--trainer.seed", "1", "--resume", str(ckpt)))
+        training.train(_args(runs["out"], "other", "--trainer.seed", "1", "--resume", str(ckpt)))
 
 
 def test_resume_at_an_epoch_boundary(tmp_path):
@@ -130,11 +130,11 @@ def test_resume_at_an_epoch_boundary(tmp_path):
 
     args = lambda name, *x: _args(tmp_path, name, "--trainer.max_steps", "12", "--trainer.checkpoint_every_n_steps",  # noqa: E731
                                   "4", "--data.num_workers", "0", *x)
-    train_app.main(args("straight"))
+    training.train(args("straight"))
     boundary = tmp_path / "straight" / "checkpoints" / "step=000008.ckpt"  # 8 steps per epoch
     assert boundary.is_file()
     shutil.copy(boundary, tmp_path / "boundary.ckpt")
-    train_app.main(args("resumed", "--resume", str(tmp_path / "boundary.ckpt")))
+    training.train(args("resumed", "--resume", str(tmp_path / "boundary.ckpt")))
     a, b = (torch.load(tmp_path / n / "model.pt", weights_only=True)["state_dict"] for n in ("straight", "resumed"))
     assert all(torch.equal(a[k], b[k]) for k in a)
     samples = read_samples(tmp_path / "resumed" / "samples.tsv")

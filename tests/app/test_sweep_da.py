@@ -19,7 +19,7 @@ def test_sweep_writes_table_and_plot(tmp_path):
     tiny = [x for k, v in TINY.items() if k != "d_a" for x in (f"--model_args.{k}", str(v))]
     rows = sweep.main(["--d-a", "8", "16", "--steps", "2", "--limit", "4", "--out-dir", str(tmp_path / "runs"),
                        "--md", str(md), "--png", str(png), "--trainer.batch_size", "8", "--data.train_size", "16",
-                       "--data.num_workers", "0", "--data.image_size", "32", "--aids.diagnostics_every_n_steps", "0",
+                       "--data.num_workers", "0", "--aids.diagnostics_every_n_steps", "0",
                        *tiny])
     assert [r["d_a"] for r in rows] == [8, 16]
     assert rows[1]["params"] > rows[0]["params"] and all(r["peak_rss_mb"] > 0 for r in rows)

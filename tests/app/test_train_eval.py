@@ -1,11 +1,11 @@
-"""The entry points end to end at test size: train.py -> model.pt -> eval.py -> JSON."""
+"""The entry points end to end at test size: training (train.py's CLI) -> model.pt -> eval.py -> JSON."""
 
 import json
 
 import pytest
 
 import eval as eval_app
-import train as train_app
+import mmgeo.training as training
 from tests.conftest import TINY
 
 METRIC_KEYS = {f"{d}_R@{k}" for d in ("image_to_text", "text_to_image") for k in (1, 5, 10)} | {
@@ -15,11 +15,11 @@ METRIC_KEYS = {f"{d}_R@{k}" for d in ("image_to_text", "text_to_image") for k in
 def _train(tmp_path, config="configs/synthetic.yaml", steps=3, extra=()):
     args = ["--config", config, "--out_dir", str(tmp_path), "--trainer.max_steps", str(steps),
             "--trainer.batch_size", "8", "--trainer.val_every_n_steps", "2", "--data.train_size", "64",
-            "--data.val_size", "6", "--data.num_workers", "0", "--data.image_size", "32",
+            "--data.val_size", "6", "--data.num_workers", "0",
             "--trainer.checkpoint_every_n_steps", "2", "--trainer.log_every_n_steps", "1"]
     for k, v in TINY.items():
         args += [f"--model_args.{k}", str(v)]
-    return train_app.main(args + list(extra))
+    return training.train(args + list(extra))  # TINY: 32 px images
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +53,7 @@ def test_eval_writes_the_protocol_json(trained, tmp_path, mode, capsys):
 
 
 def test_lightning_checkpoint_evaluates_too(trained, tmp_path):
-    ckpt = train_app.latest_checkpoint(trained.parent)  # a step checkpoint
+    ckpt = training.latest_checkpoint(trained.parent)  # a step checkpoint
     result = eval_app.main(["--ckpt", str(ckpt), "--limit", "5"])
     assert result["counts"]["images"] == 5
 

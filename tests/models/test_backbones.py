@@ -10,8 +10,8 @@ import torch
 from PIL import Image
 
 import mmgeo
-from mmgeo.losses import retrieval_loss
 from mmgeo.hub import MissingDownloadError
+from mmgeo.losses import retrieval_loss
 from tests import openclip_tiny
 from tests.conftest import TINY
 

@@ -191,7 +191,7 @@ def test_folder_index_serves_original_files(serve_env):
 
 def test_app_refuses_a_mismatched_model(serve_env):
     import mmgeo
-    from mmgeo.gallery import GalleryError
+    from mmgeo.search.store import GalleryError
     from tests.conftest import TINY
 
     with pytest.raises(GalleryError, match="does not match the index"):

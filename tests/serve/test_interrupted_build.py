@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from mmgeo.gallery import Gallery, GalleryError
+from mmgeo.search.store import Gallery, GalleryError
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -42,7 +42,7 @@ def test_sigkill_during_build_keeps_the_old_index(serve_env, tmp_path):
     with pytest.raises(GalleryError, match="no manifest.json"):  # the leftover is not an index
         Gallery(next(tmp_path.glob(".live.building-*")))
     # the next build clears the dead build's leftovers
-    from mmgeo.gallery import build_gallery, folder_items
+    from mmgeo.search.build import build_gallery, folder_items
 
     items, n = folder_items(serve_env.folder)
     build_gallery(serve_env.model, items, n, target, progress=False)

@@ -1,4 +1,4 @@
-"""Sharded FAISS index over (N, d) float32 global vectors, inner product (= cosine on unit vectors) (issue 7).
+"""Sharded FAISS index over (N, d) float32 global vectors, inner product (= cosine on unit vectors).
 
 The vectors are cut into shards of at most ``shard_size`` rows, each its own FAISS file; a search asks every
 shard for its top-k and merges. Layout of a shard directory (format ``mmgeo-shards`` v1)::
@@ -31,6 +31,9 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
+
+from mmgeo.io import StagedDir
+from mmgeo.search.faiss_index import build_faiss, choose_index_type
 
 FORMAT, VERSION = "mmgeo-shards", 1
 MANIFEST = "shards.json"
@@ -73,15 +76,12 @@ def write_sharded(vectors: np.ndarray | Iterable[np.ndarray], out_dir: str | os.
     ``shard_size`` rows into ``out_dir``; -> the ``shards.json`` record.
 
     Each shard is built and written as soon as it is full, so memory holds one shard, not N vectors. FAISS type
-    per shard by ``mmgeo.gallery.choose_index_type(rows, index_type)`` (``auto``: a small last shard is flat).
+    per shard by ``choose_index_type(rows, index_type)`` (``auto``: a small last shard is flat).
     Atomic: written into a temp dir next to ``out_dir`` that replaces it only when complete, so an error midway
     (one raised by the block iterator included) leaves ``out_dir`` as it was, or absent. Refuses to replace a
     non-empty directory that is not a shard directory.
     """
     import faiss
-
-    from mmgeo.gallery import build_faiss, choose_index_type
-    from mmgeo.io import StagedDir
 
     if isinstance(shard_size, bool) or not isinstance(shard_size, int) or shard_size < 1:
         raise ValueError(f"shard_size must be a positive integer, got {shard_size!r}")
@@ -185,8 +185,8 @@ class ShardedIndex:
     def search(self, queries, k: int) -> tuple[np.ndarray, np.ndarray]:
         """-> (scores (Nq, k) float32, ids (Nq, k) int64 global ids), best first.
 
-        ``k`` is capped at ``ntotal`` (as ``mmgeo.index.search`` does), so exact shards never pad; approximate
-        shards pad with id -1 (score -3.4e38) like faiss when they find fewer than asked.
+        ``k`` is capped at ``ntotal`` (as ``faiss_index.search`` does), so exact shards never pad; approximate shards
+        pad with id -1 (score -3.4e38) like faiss when they find fewer than asked.
         """
         q = np.ascontiguousarray(queries, dtype=np.float32)
         if q.ndim != 2 or q.shape[1] != self.d:

@@ -10,7 +10,7 @@ import faiss
 import numpy as np
 import pytest
 
-from mmgeo.shards import ShardedIndex, ShardsError, write_sharded
+from mmgeo.search.shards import ShardedIndex, ShardsError, write_sharded
 
 
 @pytest.fixture(autouse=True)
@@ -82,7 +82,7 @@ def test_sharded_search_is_one_flat_index(vectors, tmp_path, blas, nq, k):
     assert [s["count"] for s in index.record["shards"]] == [50, 50, 50, 50, 3] and len(index) == N
     blas_path(blas)
     got = index.search(q[:nq], k)
-    want = flat(x).search(q[:nq], min(k, N))  # k is capped at N, as mmgeo.index.search does
+    want = flat(x).search(q[:nq], min(k, N))  # k is capped at N, as mmgeo.search.faiss_index.search does
     assert got[0].shape == (nq, min(k, N)) and got[0].dtype == np.float32 and got[1].dtype == np.int64
     assert_same(got, want, x, q[:nq])
 

@@ -1,0 +1,74 @@
+"""Training pairs: one (image, caption, caption negatives) per item, batched for a contrastive step.
+
+``open_split`` opens a split as the training data config describes it; ``CaptionPairs`` draws, per item and
+epoch, the caption (and its rule-based negatives) reproducibly; ``Collate`` tokenises a batch of them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from mmgeo.data import build_dataset
+from mmgeo.data.caption_edits import EDIT_KINDS, caption_negatives
+
+
+def open_split(data, split: str, size: int | None, image_size: int):
+    """The dataset of ``split`` described by the data config ``data`` (``name``, ``seed``, ``root``, ``format``,
+    ``max_pixels``); synthetic images are drawn ``image_size`` px wide (the model's input size)."""
+    return build_dataset(data.name, split, seed=data.seed, image_size=image_size, size=size, root=data.root,
+                         data_format=data.format, max_pixels=data.max_pixels)
+
+
+class CaptionPairs(Dataset):
+    """(pixels, caption, negatives) of one image, keyed by ``(i, epoch, step)`` from ResumableBatchSampler; the
+    caption is one of the image's five, drawn from (seed, epoch, i): a fresh but reproducible choice each
+    epoch. ``negatives``: up to ``caption_negatives`` rule-based edits of that caption (NegCLIP-style,
+    ``mmgeo.data.caption_edits``; ``vocabulary`` keeps a word-level tokenizer's words). With
+    ``hard_negatives`` the image's one-change variant (``dataset.variant(i)``) comes along, so the two
+    sit in the same batch as each other's hardest negative."""
+
+    def __init__(self, dataset, transform, seed: int, hard_negatives: bool = False, caption_negatives: int = 0,
+                 negative_kinds=EDIT_KINDS, vocabulary=None):
+        if hard_negatives and not hasattr(dataset, "variant"):
+            raise ValueError(f"{type(dataset).__name__} cannot make hard-negative variants (only the synthetic "
+                             "shapes world can); set data.hard_negatives: false")
+        self.dataset, self.transform, self.seed = dataset, transform, seed
+        self.hard_negatives, self.caption_negatives = hard_negatives, caption_negatives
+        self.negative_kinds, self.vocabulary = tuple(negative_kinds), vocabulary
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, key: tuple[int, int, int]) -> dict:
+        i, epoch, step = key
+        rng = np.random.default_rng([self.seed, epoch, i])
+        samples = [self.dataset[i]] + ([self.dataset.variant(i)] if self.hard_negatives else [])
+        pairs = []
+        for image, captions in samples:
+            caption = captions[rng.integers(len(captions))]
+            negatives = caption_negatives(caption, rng, self.caption_negatives, self.negative_kinds,
+                                          self.vocabulary) if self.caption_negatives else []
+            pairs.append((self.transform(image), caption, negatives))
+        return {"pairs": pairs, "index": i, "epoch": epoch, "step": step}
+
+
+class Collate:
+    """Items -> one batch: pixels (B, 3, H, W), the B captions then every negative caption tokenised together
+    (``input_ids`` / ``attention_mask`` (B + N_neg, T)); ``num_captions`` = B."""
+
+    def __init__(self, tokenize):
+        self.tokenize = tokenize
+
+    def __call__(self, batch):
+        pairs = [pair for item in batch for pair in item["pairs"]]
+        pixels = torch.stack([p for p, _, _ in pairs])  # (B, 3, H, W)
+        steps = {(item["epoch"], item["step"]) for item in batch}
+        if len(steps) != 1:
+            raise RuntimeError(f"one batch mixes (epoch, step) {sorted(steps)}: the batch sampler is broken")
+        epoch, step = steps.pop()
+        texts = [c for _, c, _ in pairs] + [n for _, _, negs in pairs for n in negs]
+        return {**self.tokenize(texts), "pixels": pixels, "num_captions": torch.tensor(len(pairs)),
+                "index": torch.tensor([item["index"] for item in batch]),  # (B_items,) dataset indices
+                "epoch": torch.tensor(epoch), "step": torch.tensor(step)}

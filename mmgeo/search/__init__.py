@@ -1,0 +1,10 @@
+"""Search over an image gallery, the one path used by the service (``serve``) and ``eval.py --mode two-stage``
+(docs/design.md):
+
+- ``faiss_index``: FAISS indexes over global vectors (built and searched only here)
+- ``shards``: a FAISS index cut into memory-mapped shards, searched and merged
+- ``store``: the on-disk gallery format and its reader, ``Gallery``; ``build``: its writers
+- ``two_stage``: FAISS top-K' then geometric re-rank (``search_texts``), and ``rank_captions`` for evaluation
+
+Importing this package imports none of them (nor torch or faiss); import the module you need.
+"""

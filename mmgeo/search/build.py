@@ -1,0 +1,212 @@
+"""Writing gallery index directories (format: ``mmgeo.search.store``): from images, from encoded images, or
+random vectors for load tests. Atomic: built in a ``mmgeo.io.StagedDir`` that replaces the target when complete.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from itertools import islice
+from pathlib import Path
+
+import numpy as np
+
+from mmgeo.data.images import list_images, open_image
+from mmgeo.io import StagedDir
+from mmgeo.search.faiss_index import build_faiss, choose_index_type
+from mmgeo.search.shards import write_sharded
+from mmgeo.search.store import FORMAT, SHARDS_DIR, file_sha256
+
+
+def _model_record(model, ckpt: str | os.PathLike | None) -> dict:
+    cfg = model.cfg
+    grid = cfg.image_size // cfg.patch_size
+    return {"path": None if ckpt is None else str(Path(ckpt).resolve()),
+            "sha256": None if ckpt is None else file_sha256(ckpt),
+            "num_heads": cfg.num_heads, "d_a": cfg.d_a, "d_e": cfg.d_e, "d_global": cfg.d_global,
+            "num_patches": grid * grid, "image_size": cfg.image_size}
+
+
+def _geometric(model) -> None:
+    if not model.geometric:
+        raise ValueError("the gallery stores geometric keys/values: build it with a geometric model, "
+                         "not a global-only (CLIP baseline) one")
+
+
+def _write_global(tmp: Path, pooled: np.ndarray, index_type: str, shard_size: int | None) -> tuple[str, dict | None]:
+    """FAISS index over (N, d_g) ``pooled`` (an array or memmap): ``global.faiss``, or ``global.shards/`` when N is
+    over ``shard_size`` (read one shard at a time). -> (index type, shards record for the manifest or None)."""
+    import faiss
+
+    if shard_size is not None and len(pooled) > shard_size:
+        rec = write_sharded(pooled, tmp / SHARDS_DIR, shard_size, index_type)
+        kinds = dict.fromkeys(s["index_type"] for s in rec["shards"])  # distinct, in shard order
+        return "+".join(kinds), {"dir": SHARDS_DIR, "count": len(rec["shards"]), "shard_size": shard_size}
+    kind = choose_index_type(len(pooled), index_type)
+    faiss.write_index(build_faiss(pooled, kind), str(tmp / "global.faiss"))
+    return kind, None
+
+
+def _commit(staging: StagedDir, model_rec: dict, meta: list[dict], kind: str, shards: dict | None,
+            skipped: list[dict]) -> dict:
+    """Write meta and manifest into the staging dir (arrays and global index are there already) and commit."""
+    (staging.tmp / "meta.json").write_text(json.dumps(meta))
+    manifest = {"format": FORMAT, "version": 2 if shards else 1, "model": model_rec, "count": len(meta),
+                "index_type": kind, "skipped": {"count": len(skipped), "files": skipped[:1000]},
+                "dtype": "float16"}
+    if shards:
+        manifest["shards"] = shards
+    (staging.tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))  # written last
+    staging.commit()
+    return manifest
+
+
+def _save_rows(dest: Path, shape: tuple, dtype, blocks: Iterable[np.ndarray]) -> None:
+    """Write a .npy of ``shape`` from consecutive row blocks, through a memmap (one block in memory)."""
+    out = np.lib.format.open_memmap(dest, mode="w+", dtype=dtype, shape=shape)
+    start = 0
+    for block in blocks:
+        out[start:start + len(block)] = block
+        start += len(block)
+    out.flush()
+    del out
+
+
+def _row_blocks(arr, n: int, row_bytes: int):
+    step = max(1, (64 << 20) // max(1, row_bytes))  # 64 MB per block
+    return (arr[i:min(i + step, n)] for i in range(0, n, step))
+
+
+def build_gallery(model, items: Iterable[tuple[str, object]], total: int, out: str | os.PathLike,
+                  ckpt: str | os.PathLike | None = None, index_type: str = "auto", batch_size: int = 64,
+                  progress: bool = True, fail_after_encode: bool = False, shard_size: int | None = 100_000) -> dict:
+    """Encode images into an index directory at ``out``; -> the manifest.
+
+    ``items`` yields ``(path, image_or_loader)`` where the second is a PIL image or a zero-argument
+    callable returning one (it may raise: the file is skipped and counted). ``path=None`` (generated
+    images) saves the image as ``images/<id>.png`` inside the index. ``total`` bounds the count. Over
+    ``shard_size`` images the global index is sharded (``None``: never).
+    ``fail_after_encode`` raises after encoding, before the commit (for tests of interrupted builds).
+    """
+    from tqdm.auto import tqdm
+
+    _geometric(model)
+    rec = _model_record(model, ckpt)
+    H, L = rec["num_heads"], rec["num_patches"]
+    staging = StagedDir.next_to(Path(out))
+    try:
+        arr = {name: np.lib.format.open_memmap(staging.tmp / f"{name}.partial", mode="w+", dtype=dt, shape=shape)
+               for name, dt, shape in [("keys", np.float16, (total, H, L, rec["d_a"])),
+                                       ("values", np.float16, (total, H, L, rec["d_e"])),
+                                       ("mask", np.bool_, (total, L)),
+                                       ("pooled", np.float32, (total, rec["d_global"]))]}
+        meta, skipped, batch = [], [], []
+        bar = tqdm(total=total, desc="encode", unit="img", disable=not progress)
+
+        def flush():
+            emb = model.encode_image(batch)
+            sl = slice(len(meta) - len(batch), len(meta))
+            arr["keys"][sl] = emb.attn.cpu().numpy()  # (B, H, L, d_a)
+            arr["values"][sl] = emb.value.cpu().numpy()  # (B, H, L, d_e)
+            arr["mask"][sl] = emb.mask.cpu().numpy()  # (B, L)
+            arr["pooled"][sl] = emb.pooled.float().cpu().numpy()  # (B, d_g)
+            batch.clear()
+
+        for path, source in islice(items, total):
+            try:
+                im = source() if callable(source) else source
+                im = im.convert("RGB")
+            except Exception as err:  # noqa: BLE001 - any unreadable file is skipped and counted
+                skipped.append({"path": str(path), "error": f"{type(err).__name__}: {err}"})
+                bar.update(1)
+                continue
+            if path is None:  # generated image: keep a copy inside the index so /images/{id} can serve it
+                (staging.tmp / "images").mkdir(exist_ok=True)
+                path = f"images/{len(meta):07d}.png"
+                im.save(staging.tmp / path)
+            else:
+                path = str(Path(path).resolve())
+            meta.append({"id": len(meta), "path": path, "width": im.width, "height": im.height})
+            batch.append(im)
+            bar.update(1)
+            if len(batch) == batch_size:
+                flush()
+        if batch:
+            flush()
+        bar.close()
+        if not meta:
+            raise ValueError(f"no readable image among {len(skipped)} file(s); first error: "
+                             f"{skipped[0]['error'] if skipped else 'no files'}")
+        n = len(meta)
+        for name in ("keys", "values", "mask"):
+            part = arr[name]
+            _save_rows(staging.tmp / f"{name}.npy", (n, *part.shape[1:]), part.dtype,
+                       _row_blocks(part, n, part[0].nbytes))
+        kind, shards = _write_global(staging.tmp, arr["pooled"][:n], index_type, shard_size)
+        arr.clear()  # close the memmaps before removing their files
+        for p in staging.tmp.glob("*.partial"):
+            p.unlink()
+        if fail_after_encode:
+            raise RuntimeError("injected failure after encoding (test hook)")
+        return _commit(staging, rec, meta, kind, shards, skipped)
+    except BaseException:
+        staging.discard()
+        raise
+
+
+def build_gallery_from_embedding(model, images, out: str | os.PathLike, ckpt: str | os.PathLike | None = None,
+                                 index_type: str = "auto", shard_size: int | None = None) -> dict:
+    """An index directory of already encoded images (an ``Embedding``, id i = row i), stored exactly as
+    ``build_gallery`` stores them (fp16 keys/values); no image files (``path`` ``encoded/<id>``)."""
+    _geometric(model)
+    rec = _model_record(model, ckpt)
+    n = len(images)
+    staging = StagedDir.next_to(Path(out))
+    try:
+        for name, x, dtype in (("keys", images.attn, np.float16), ("values", images.value, np.float16),
+                               ("mask", images.mask, np.bool_)):
+            blocks = (b.cpu().numpy() for b in _row_blocks(x, n, x[0].numel() * 4))
+            _save_rows(staging.tmp / f"{name}.npy", tuple(x.shape), dtype, blocks)
+        meta = [{"id": i, "path": f"encoded/{i}", "width": 0, "height": 0} for i in range(n)]
+        kind, shards = _write_global(staging.tmp, images.pooled.float().cpu().numpy(), index_type, shard_size)
+        return _commit(staging, rec, meta, kind, shards, [])
+    except BaseException:
+        staging.discard()
+        raise
+
+
+def folder_items(folder: str | os.PathLike) -> tuple[list, int]:
+    """(path, loader) pairs for every image file of a folder, and their count."""
+    paths = list_images(folder)
+    return [(p, (lambda p=p: open_image(p))) for p in paths], len(paths)
+
+
+def build_random_gallery(out: str | os.PathLike, count: int, num_heads: int, num_patches: int, d_a: int, d_e: int,
+                         d_global: int, index_type: str = "auto", seed: int = 0, chunk: int = 10_000,
+                         model_path: str | None = None, model_sha256: str | None = None,
+                         shard_size: int | None = 100_000) -> dict:
+    """A gallery of random unit vectors (no images, no encoding) — for load tests of large indexes."""
+    rng = np.random.default_rng(seed)
+
+    def blocks(shape, unit):
+        for i in range(0, count, chunk):
+            x = rng.standard_normal((min(chunk, count - i), *shape[1:]), dtype=np.float32)
+            yield x / np.linalg.norm(x, axis=-1, keepdims=True) if unit else x
+
+    staging = StagedDir.next_to(Path(out))
+    try:
+        for name, shape in (("keys", (count, num_heads, num_patches, d_a)),
+                            ("values", (count, num_heads, num_patches, d_e))):
+            _save_rows(staging.tmp / f"{name}.npy", shape, np.float16, blocks(shape, name == "values"))
+        np.save(staging.tmp / "mask.npy", np.ones((count, num_patches), dtype=np.bool_))
+        pooled = rng.standard_normal((count, d_global), dtype=np.float32)
+        pooled /= np.linalg.norm(pooled, axis=1, keepdims=True)
+        meta = [{"id": i, "path": f"random/{i}.png", "width": 0, "height": 0} for i in range(count)]
+        rec = {"path": model_path, "sha256": model_sha256, "num_heads": num_heads, "d_a": d_a, "d_e": d_e,
+               "d_global": d_global, "num_patches": num_patches, "image_size": None}
+        kind, shards = _write_global(staging.tmp, pooled, index_type, shard_size)
+        return _commit(staging, rec, meta, kind, shards, [])
+    except BaseException:
+        staging.discard()
+        raise

@@ -1,0 +1,114 @@
+"""The typed training config: the schema of configs/*.yaml and of train.py's dotted overrides.
+
+``load_train_config(path, overrides)`` reads it. ``model_args`` are ModelConfig fields, checked (name and type)
+when the config is read; the model config is the one place for model settings, the input image size included
+(synthetic images are drawn at the model's input size).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, ClassVar
+
+from mmgeo.config import FieldsOf, load_config
+from mmgeo.data import MAX_PIXELS
+from mmgeo.data.caption_edits import EDIT_KINDS
+from mmgeo.models.config import ModelConfig
+
+
+@dataclass
+class DataConfig:
+    MOVED: ClassVar[dict[str, str]] = {  # removed keys -> where they live now
+        "image_size": "model_args.image_size (synthetic images are drawn at the model's input size)"}
+
+    name: str = "synthetic"  # dataset: "synthetic" = the embedded shapes world, "flickr30k" = Karpathy split at root
+    root: str | None = None  # flickr30k: folder / file / HF dataset id (data/README.md); unused for synthetic
+    format: str | None = None  # flickr30k layout: hf | karpathy | csv (None = detect from root)
+    max_pixels: int = MAX_PIXELS  # flickr30k: images with more pixels are skipped (decompression-bomb guard)
+    seed: int = 0  # dataset seed (scenes and captions)
+    train_size: int | None = None  # images of the train split to use (None = all)
+    val_size: int = 200  # val images scored for R@K during training (0 = no validation)
+    num_workers: int = 1  # DataLoader worker processes
+    hard_negatives: bool = False  # pair each image with a one-change variant in the batch (synthetic only: the
+    # scene graph makes it, so no real dataset can give this signal; kept for comparison)
+    caption_negatives: int = 0  # rule-based text hard negatives per caption (NegCLIP-style word swaps / replacements /
+    # relation flips of the caption itself, mmgeo.data.caption_edits; any dataset), extra negatives of image->text
+    negative_kinds: list[str] = field(default_factory=lambda: list(EDIT_KINDS))  # caption edit kinds to draw from
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-3  # peak AdamW learning rate
+    weight_decay: float = 0.05  # AdamW weight decay (not on biases, norms, temperatures)
+    betas: tuple[float, float] = (0.9, 0.98)  # AdamW betas (CLIP's)
+    warmup_steps: int = 50  # linear warm-up, then cosine decay to 0 at max_steps
+
+
+@dataclass
+class LossConfig:
+    global_weight: float = 1.0  # λ: weight of the global InfoNCE next to the geometric one
+    local_loss: bool = False  # several ranks: score local captions/images against all (2·B·W·B pairs, not (W·B)²)
+
+
+@dataclass
+class TrainerConfig:
+    max_steps: int = 1000  # optimiser steps
+    batch_size: int = 128  # image–caption pairs per step over ALL devices (each gets batch_size / world)
+    accelerator: str = "auto"  # Lightning accelerator: cpu, gpu, auto
+    devices: int = 1  # devices (processes) per node
+    num_nodes: int = 1  # nodes (SLURM / torchrun); world size = devices × num_nodes
+    strategy: str = "auto"  # Lightning strategy: auto, ddp, fsdp (loss gathered across ranks either way)
+    precision: str = "32-true"  # Lightning precision, e.g. bf16-mixed on GPU
+    val_every_n_steps: int = 250  # validation R@K interval (0 = only at the end)
+    log_every_n_steps: int = 10  # metrics logging interval
+    checkpoint_every_n_steps: int = 500  # step checkpoints (atomic) for --resume; 0 = only at the end
+    max_nonfinite_steps: int = 5  # a non-finite loss/gradient skips its step; stop after this many in a row
+    log_samples: bool = False  # append each step's item indices to samples.tsv (audits the data order)
+    seed: int = 0  # seed of weights, caption choice, data order and per-step dropout
+    threads: int = 0  # torch CPU threads (0 = torch's default)
+
+
+@dataclass
+class AidsConfig:
+    """Training aids from the paper (docs/design.md §3, §8); all off by default. The orthogonal Q/K init is a model
+    setting: ``model_args.qk_init_gain``."""
+
+    MOVED: ClassVar[dict[str, str]] = {  # removed keys -> where they live now
+        "qk_init_gain": "model_args.qk_init_gain (the orthogonal Q/K init is a model setting)"}
+
+    clip_qk: float | None = None  # layered clipping: max grad norm of the Q/K maps (paper 0.5); None = off
+    clip_value: float = 1.0  # layered clipping: max grad norm of the value projections (paper 1.0)
+    clip_rest: float = 1.0  # layered clipping: max grad norm of all other parameters together
+    freeze_value_fraction: float = 0.0  # two-stage warm-up: value projections frozen this fraction of steps (paper 0.1)
+    ortho_weight: float = 0.0  # orthogonality regulariser: loss += weight · Σ ||W Wᵀ − I||²_F over Q/K maps
+    diagnostics_every_n_steps: int = 100  # log attention diagnostics on a fixed val batch (0 = off); training unchanged
+    diagnostics_images: int = 16  # val images (with all their captions) in that batch
+
+    def __post_init__(self):
+        if not 0 <= self.freeze_value_fraction < 1:
+            raise ValueError(f"aids.freeze_value_fraction must be in [0, 1), got {self.freeze_value_fraction}; "
+                             "the paper freezes the value projections for 0.1 of the steps")
+        limits = {"clip_qk": self.clip_qk, "clip_value": self.clip_value, "clip_rest": self.clip_rest}
+        bad = {k: v for k, v in limits.items() if v is not None and v <= 0}
+        if bad:
+            raise ValueError(f"aids clipping limits must be positive max-norms, got {bad} (paper: 0.5 Q/K, 1.0 value)")
+
+
+@dataclass
+class TrainConfig:
+    name: str = "synthetic"  # run name: outputs go to <out_dir>/<name>/
+    out_dir: str = "runs"  # root of run folders
+    model: str = "geo-tiny"  # registered model variant (mmgeo.list_models())
+    model_args: Annotated[dict, FieldsOf(ModelConfig)] = field(default_factory=dict)  # ModelConfig fields to
+    # override, e.g. {d_a: 64, image_size: 32}; names and types checked when the config is read
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    aids: AidsConfig = field(default_factory=AidsConfig)
+
+
+def load_train_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TrainConfig:
+    """TrainConfig from a YAML file plus dotted overrides (``["--trainer.max_steps", "300"]``)."""
+    return load_config(TrainConfig, path, overrides)

@@ -1,0 +1,152 @@
+"""A training run end to end: the resumable data loader, the callbacks, the Lightning Trainer, the run folder.
+
+    train(["--config", "configs/synthetic.yaml", "--trainer.max_steps", "300"])  # what train.py runs
+    fit(load_train_config("configs/synthetic.yaml"), resume="last")            # the same from a config
+
+Writes under <out_dir>/<name>/: config.yaml (the resolved config), metrics.csv, checkpoints/ (atomic step
+checkpoints, for resume), model.pt (for eval.py / load_model), samples.tsv (with trainer.log_samples).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import lightning as L
+import torch
+import yaml
+from torch.utils.data import DataLoader
+
+from mmgeo.checkpoint import save_model
+from mmgeo.config import to_dict
+from mmgeo.data.pairs import CaptionPairs, Collate, open_split
+from mmgeo.data.sampler import ResumableBatchSampler, SampleLog
+from mmgeo.training.callbacks import AttentionDiagnostics, SkippedReport, ValidationRecall
+from mmgeo.training.config import TrainConfig, load_train_config
+from mmgeo.training.io import AtomicCheckpointIO, RunCSVLogger, checkpoint_step, latest_checkpoint
+from mmgeo.training.module import NonFiniteTraining, RetrievalModule
+
+
+class ResumableLoader(DataLoader):
+    """A DataLoader Lightning saves and restores with the checkpoint (its ``_Stateful`` protocol): the
+    state is the data position after ``progress()`` consumed global batches (the trainer's global step)."""
+
+    def __init__(self, *args, progress=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.progress = progress
+
+    def state_dict(self) -> dict:
+        return self.batch_sampler.state_dict(self.progress())
+
+    def load_state_dict(self, state: dict) -> None:
+        self.batch_sampler.load_state_dict(state)
+
+
+def build_loader(cfg: TrainConfig, module: RetrievalModule, train) -> ResumableLoader:
+    """The training loader: ResumableBatchSampler (same order on any number of ranks, resumable)."""
+    t, per_item = cfg.trainer, 2 if cfg.data.hard_negatives else 1
+    world = t.devices * t.num_nodes
+    if t.batch_size % (per_item * world):
+        raise SystemExit(f"trainer.batch_size={t.batch_size} must split into {world} device(s) × "
+                         f"{per_item} pair(s) per image{' (data.hard_negatives)' if per_item == 2 else ''}")
+    vocabulary = module.model.cfg.text_vocab  # a word-level tokenizer: negatives must not bring unknown words
+    pairs = CaptionPairs(train, module.model.preprocess, t.seed, cfg.data.hard_negatives, cfg.data.caption_negatives,
+                         cfg.data.negative_kinds, vocabulary)
+    sampler = ResumableBatchSampler(len(pairs), t.batch_size // per_item, seed=t.seed)
+    return ResumableLoader(pairs, batch_sampler=sampler, num_workers=cfg.data.num_workers,
+                           collate_fn=Collate(module.model.tokenize))
+
+
+def build_callbacks(cfg: TrainConfig, module: RetrievalModule, train, run_dir: Path, extra=()) -> list:
+    """Learning-rate monitor, progress bar, ``extra``, step checkpoints, validation R@K, skipped-sample report
+    and attention diagnostics, as the config asks; val sets are drawn at the model's input size."""
+    t, d, image_size = cfg.trainer, cfg.data, module.model.cfg.image_size
+    callbacks = [L.pytorch.callbacks.LearningRateMonitor("step"), L.pytorch.callbacks.TQDMProgressBar(refresh_rate=10),
+                 *extra]
+    if t.checkpoint_every_n_steps:
+        callbacks.append(L.pytorch.callbacks.ModelCheckpoint(
+            dirpath=run_dir / "checkpoints", filename="step={step:06d}", auto_insert_metric_name=False,
+            every_n_train_steps=t.checkpoint_every_n_steps, save_top_k=2, monitor="step", mode="max"))
+    splits = {"train": train}
+    if d.val_size:
+        val = splits["val"] = open_split(d, "val", d.val_size, image_size)
+        callbacks.append(ValidationRecall(val, t.val_every_n_steps))
+    callbacks.append(SkippedReport(splits))
+    if cfg.aids.diagnostics_every_n_steps and module.model.geometric:
+        diag_set = open_split(d, "val", cfg.aids.diagnostics_images, image_size)
+        callbacks.append(AttentionDiagnostics(diag_set, cfg.aids.diagnostics_every_n_steps,
+                                              grace_steps=t.max_steps // 10))  # warn past 10%
+    return callbacks
+
+
+def build_trainer(cfg: TrainConfig, callbacks: list, resume_step: int | None = None) -> L.Trainer:
+    """The Lightning Trainer of the config: our data order (no distributed sampler), atomic checkpoints, and a
+    metrics log that keeps the rows before ``resume_step``."""
+    t = cfg.trainer
+    return L.Trainer(max_steps=t.max_steps, accelerator=t.accelerator, devices=t.devices, num_nodes=t.num_nodes,
+                     strategy=t.strategy, precision=t.precision, use_distributed_sampler=False,
+                     plugins=[AtomicCheckpointIO()], enable_checkpointing=bool(t.checkpoint_every_n_steps),
+                     logger=RunCSVLogger(cfg.out_dir, name=cfg.name, version="", resume_step=resume_step),
+                     callbacks=callbacks, log_every_n_steps=t.log_every_n_steps, enable_model_summary=False,
+                     limit_val_batches=0, num_sanity_val_steps=0)
+
+
+def resume_checkpoint(run_dir: Path, resume: str | None) -> Path | None:
+    """The checkpoint to resume from: None, the run's newest (``"last"``) or the path given."""
+    ckpt = None if resume is None else latest_checkpoint(run_dir) if resume == "last" else Path(resume)
+    if ckpt is not None and not ckpt.is_file():
+        raise SystemExit(f"--resume: checkpoint {ckpt} does not exist")
+    return ckpt
+
+
+def fit(cfg: TrainConfig, resume: str | None = None, callbacks: list | None = None) -> Path:
+    """Train as ``cfg`` says and return the written model.pt; ``resume``: None, "last" or a checkpoint path;
+    ``callbacks``: extra Lightning callbacks (e.g. to observe steps)."""
+    t, d = cfg.trainer, cfg.data
+    if t.threads:
+        torch.set_num_threads(t.threads)
+    L.seed_everything(t.seed, workers=True, verbose=False)
+    run_dir = Path(cfg.out_dir) / cfg.name
+    ckpt = resume_checkpoint(run_dir, resume)
+    resume_step = None if ckpt is None else checkpoint_step(ckpt)
+
+    module = RetrievalModule(cfg)
+    train = open_split(d, "train", d.train_size, module.model.cfg.image_size)
+    loader = build_loader(cfg, module, train)
+    trainer = build_trainer(cfg, build_callbacks(cfg, module, train, run_dir, callbacks or ()), resume_step)
+    loader.progress = lambda: trainer.global_step
+    if trainer.is_global_zero:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(f"# python train.py --config {run_dir / 'config.yaml'}\n"
+                                             + yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    if t.log_samples:
+        module.samples_log = SampleLog(run_dir / "samples.tsv")
+    start = time.time()
+    try:
+        trainer.fit(module, loader, ckpt_path=ckpt)
+    except NonFiniteTraining as err:
+        raise SystemExit(str(err)) from err
+    out = run_dir / "model.pt"
+    state = trainer.strategy.lightning_module_state_dict()  # every rank takes part (FSDP gathers its shards)
+    if trainer.is_global_zero:
+        save_model(module.model, out, {k[len("model."):]: v for k, v in state.items() if k.startswith("model.")})
+        print(f"trained {t.max_steps} steps in {time.time() - start:.0f} s"
+              f"{f' (resumed from {ckpt.name})' if ckpt else ''}; model written to {out}")
+    return out
+
+
+def parse_args(argv: list[str] | None = None, description: str | None = None) -> tuple[TrainConfig, str | None]:
+    """train.py's command line -> (config, resume): ``--config YAML``, ``--resume [CKPT]``, dotted overrides."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", required=True, help="YAML file (see configs/)")
+    parser.add_argument("--resume", nargs="?", const="last", default=None, metavar="CKPT",
+                        help="continue from a step checkpoint (default: the run's newest) — same config")
+    args, overrides = parser.parse_known_args(argv)
+    return load_train_config(args.config, overrides), args.resume
+
+
+def train(argv: list[str] | None = None, callbacks: list | None = None, description: str | None = None) -> Path:
+    """Train as the command line ``argv`` says (train.py's CLI); returns the written model.pt."""
+    cfg, resume = parse_args(argv, description)
+    return fit(cfg, resume, callbacks)

@@ -1,0 +1,65 @@
+"""Shared fixtures: a tiny model and its checkpoint, a gallery of 24 synthetic test images, a gallery of a
+folder with a corrupt file (built once per session, also for tests/serve)."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from PIL import Image
+
+from tests.conftest import TINY
+
+_ENVS: dict = {}  # one gallery env per session, whichever conftest asks first
+
+
+def write_folder(folder):
+    """Five small PNG/JPEG images of different sizes, one corrupt .png, one non-image .txt."""
+    folder.mkdir(parents=True, exist_ok=True)
+    colours = ["red", "green", "blue", "yellow", "purple"]
+    for i, c in enumerate(colours):
+        im = Image.new("RGB", (40 + 8 * i, 32 + 4 * i), "white")
+        im.paste(Image.new("RGB", (16, 16), c), (4 * i, 8))
+        im.save(folder / (f"img{i}.png" if i % 2 == 0 else f"img{i}.jpg"))
+    (folder / "corrupt.png").write_bytes(b"\x89PNG\r\n\x1a\n this is not really a png")
+    (folder / "notes.txt").write_text("not an image, ignored by suffix")
+    return folder
+
+
+def make_gallery_env(tmp_path_factory) -> SimpleNamespace:
+    """root, ckpt, model (loaded from ckpt), idx (first 24 synthetic test images, as `serve build --data
+    synthetic --limit 24` writes it), folder_idx (``write_folder``'s images), folder."""
+    if "env" in _ENVS:
+        return _ENVS["env"]
+    import mmgeo
+    from mmgeo.data import ShapesWorld
+    from mmgeo.search.build import build_gallery, folder_items
+
+    root = tmp_path_factory.mktemp("gallery")
+    torch.manual_seed(0)
+    ckpt = mmgeo.save_model(mmgeo.create_model("geo-tiny", **TINY).eval(), root / "tiny.pt")
+    model = mmgeo.load_model(ckpt)
+    ds = ShapesWorld("test", 0, image_size=model.cfg.image_size)
+    idx, folder_idx = root / "idx", root / "folder_idx"
+    build_gallery(model, ((None, (lambda i=i: ds[i][0])) for i in range(24)), 24, idx, ckpt=ckpt, batch_size=8,
+                  progress=False)
+    folder = write_folder(root / "photos")
+    items, n = folder_items(folder)
+    build_gallery(model, items, n, folder_idx, ckpt=ckpt, progress=False)
+    _ENVS["env"] = SimpleNamespace(root=root, ckpt=ckpt, model=model, idx=idx, folder_idx=folder_idx, folder=folder)
+    return _ENVS["env"]
+
+
+@pytest.fixture(scope="session")
+def gallery_env(tmp_path_factory):
+    return make_gallery_env(tmp_path_factory)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def single_thread_faiss():
+    """FAISS' OpenMP spin-waits badly on a busy 2-core machine (IVF training 0.15 s -> 10 s): use one thread."""
+    import faiss
+
+    before = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(1)
+    yield
+    faiss.omp_set_num_threads(before)

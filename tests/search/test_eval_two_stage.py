@@ -1,0 +1,140 @@
+"""``eval.py --mode two-stage`` measures the service's search: over a built gallery (``--index``) it ranks like
+``search_texts`` called directly; over a flat gallery with every image a candidate it ranks like exact scoring."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import eval as eval_app
+from mmgeo.data import build_dataset
+from mmgeo.metrics import image_to_text_ranks, retrieval_metrics, text_to_image_ranks
+from mmgeo.models import Embedding
+from mmgeo.retrieval import encode_split, exact_scores
+from mmgeo.search.store import Gallery
+from mmgeo.search.two_stage import evaluate_split, search_texts
+
+N, K_PRIME = 24, 5
+
+
+@pytest.fixture(scope="module")
+def split(gallery_env):
+    ds = build_dataset("synthetic", "test", image_size=gallery_env.model.cfg.image_size, size=N)
+    return encode_split(gallery_env.model, ds, progress=False)
+
+
+@pytest.fixture(scope="module")
+def built(gallery_env, tmp_path_factory):
+    """Galleries of the first N test images by `python -m serve build`: flat, HNSW, and flat in shards of 7."""
+    from serve.cli import main
+
+    root = tmp_path_factory.mktemp("built")
+    common = ["build", "--ckpt", str(gallery_env.ckpt), "--data", "synthetic", "--split", "test", "--limit", str(N),
+              "--no-progress", "--batch-size", "8"]
+    for name, extra in (("flat", ["--index-type", "flat"]), ("hnsw", ["--index-type", "hnsw"]),
+                        ("shards", ["--shard-size", "7"])):
+        assert main([*common, "--out", str(root / name), *extra]) == 0
+    return root
+
+
+def near_tie_rows(scores: torch.Tensor, owner: torch.Tensor, tol: float) -> torch.Tensor:
+    """(N_t,) True where another image scores within ``tol`` of the caption's own image: its rank may flip."""
+    true = scores.gather(1, owner[:, None])  # (N_t, 1)
+    close = (scores - true).abs() <= tol  # (N_t, N_i)
+    return close.sum(1) > 1
+
+
+def near_tie_columns(scores: torch.Tensor, owner: torch.Tensor, tol: float) -> torch.Tensor:
+    """(N_i,) True where another image's caption scores within ``tol`` of the image's best own caption."""
+    own = owner[:, None] == torch.arange(scores.shape[1])[None]  # (N_t, N_i)
+    best = scores.masked_fill(~own, float("-inf")).amax(0)  # (N_i,)
+    return (((scores - best).abs() <= tol) & ~own).any(0)
+
+
+@pytest.mark.parametrize("kind", ["flat", "hnsw", "shards"])
+def test_index_ranks_are_the_services_search(gallery_env, split, built, kind, tmp_path, capsys):
+    out = tmp_path / "r.json"
+    eval_app.main(["--index", str(built / kind), "--split", "test", "--k-prime", str(K_PRIME), "--out", str(out)])
+    result = json.loads(out.read_text())
+    gallery = Gallery(built / kind)
+    assert result["mode"] == "two-stage" and result["model"] == str(gallery_env.ckpt.resolve())
+    assert result["two_stage"] == {"index": str(built / kind), "index_type": gallery.manifest["index_type"],
+                                   "k_prime": K_PRIME}
+    assert result["counts"] == {"images": N, "captions": 5 * N}
+    assert "service's search" in result["measured"]["text_to_image"]
+    assert "read from the text->image candidates" in result["measured"]["image_to_text"]
+    assert "no image->text search" in capsys.readouterr().out
+
+    scores, record = evaluate_split(gallery_env.model, split, K_PRIME, gallery=gallery, progress=False)
+    assert record["two_stage"] == result["two_stage"] and record["first_stage"] == result["first_stage"]
+    assert retrieval_metrics(scores, split.text_to_image) == result["metrics"]
+    ranks = text_to_image_ranks(scores, split.text_to_image)  # (N_t,)
+    owner, hits = split.text_to_image.numpy(), 0
+    for i in range(len(split.texts)):  # the service's answer for each caption, one query at a time
+        ids, s = search_texts(gallery_env.model, gallery, split.texts[i:i + 1], [K_PRIME], [True], K_PRIME)[0]
+        if owner[i] in ids:
+            hits += 1
+            assert ranks[i] == int((s >= s[ids == owner[i]]).sum()), i  # ties count against, as in the metrics
+        else:
+            assert ranks[i] > len(ids), i
+    assert hits > 0, "no caption found its image: the test compared nothing"
+    assert result["first_stage"]["text_to_image_first_stage_recall"] == hits / len(split.texts)
+    assert result["metrics"]["text_to_image_R@1"] == float((ranks == 1).double().mean())
+
+
+def test_flat_with_every_image_a_candidate_is_exact_scoring(gallery_env, split, tmp_path):
+    model = gallery_env.model
+    out = tmp_path / "r.json"
+    eval_app.main(["--ckpt", str(gallery_env.ckpt), "--limit", str(N), "--mode", "two-stage", "--index-type", "flat",
+                   "--k-prime", str(N), "--out", str(out)])
+    result = json.loads(out.read_text())
+    assert result["two_stage"] == {"index": None, "index_type": "flat", "k_prime": N}
+    scores, record = evaluate_split(model, split, N, "flat", progress=False)
+    assert retrieval_metrics(scores, split.text_to_image) == result["metrics"]
+    assert record["first_stage"]["text_to_image_first_stage_recall"] == 1.0
+    im = split.images  # the gallery stores keys/values in fp16: exact scoring of those is what re-ranking computes
+    stored = Embedding(im.pooled, im.attn.half().float(), im.value.half().float(), im.mask)
+    exact = exact_scores(model, split.texts, stored, "geometric", progress=False)  # (N_t, N_i)
+    owner = split.text_to_image
+    ties = near_tie_rows(exact, owner, 1e-5)
+    assert ties.float().mean() < 0.1
+    got, want = text_to_image_ranks(scores, owner), text_to_image_ranks(exact, owner)
+    assert torch.equal(got[~ties], want[~ties])
+    i2t_ties = near_tie_columns(exact, owner, 1e-5)
+    got, want = image_to_text_ranks(scores, owner), image_to_text_ranks(exact, owner)
+    assert i2t_ties.float().mean() < 0.2 and torch.equal(got[~i2t_ties], want[~i2t_ties])
+    fp32 = exact_scores(model, split.texts, split.images, "geometric", progress=False)  # what --mode exact scores
+    fp16_ties = near_tie_rows(fp32, owner, 2e-3)  # fp16 storage may flip only near-ties
+    t2i = text_to_image_ranks(scores, owner)
+    assert torch.equal(text_to_image_ranks(fp32, owner)[~fp16_ties], t2i[~fp16_ties])
+
+
+def test_two_stage_reranks_only_the_first_stage_candidates(gallery_env, split):
+    scores, _ = evaluate_split(gallery_env.model, split, 3, "flat", progress=False)
+    glob = exact_scores(gallery_env.model, split.texts, split.images, "global", progress=False)  # (N_t, N_i)
+    for row in range(len(split.texts)):
+        top = scores[row].topk(3).indices
+        assert set(top.tolist()) == set(glob[row].topk(3).indices.tolist())
+        rest = np.setdiff1d(np.arange(N), top.numpy())
+        order = scores[row, rest].argsort(descending=True)
+        torch.testing.assert_close(glob[row, rest][order], glob[row, rest].sort(descending=True).values)
+
+
+def test_index_errors_name_the_problem(gallery_env, built, tmp_path):
+    import mmgeo
+    from tests.conftest import TINY
+
+    with pytest.raises(SystemExit, match=r"holds 24 images, synthetic test \(--limit 10\) has 10"):
+        eval_app.main(["--index", str(built / "flat"), "--limit", "10"])
+    with pytest.raises(SystemExit, match="not built from this split.*image 0 of the index is not image 0"):
+        eval_app.main(["--index", str(built / "flat"), "--seed", "3"])
+    other = mmgeo.save_model(mmgeo.create_model("geo-tiny", **TINY), tmp_path / "other.pt")
+    with pytest.raises(SystemExit, match="not the one the index was built with"):
+        eval_app.main(["--index", str(built / "flat"), "--ckpt", str(other)])
+    with pytest.raises(SystemExit, match="no manifest.json"):
+        eval_app.main(["--index", str(tmp_path / "none")])
+    for bad in (["--mode", "exact"], ["--index-type", "hnsw"]):
+        with pytest.raises(SystemExit) as err:
+            eval_app.main(["--index", str(built / "flat"), *bad])
+        assert err.value.code == 2

@@ -1,0 +1,114 @@
+"""Two-stage search (FAISS top-K' on global, geometric re-rank) equals exact geometric scoring on its candidates;
+``rank_captions`` (evaluation) is ``search_texts`` (the service) for every caption."""
+
+import numpy as np
+import pytest
+import torch
+
+from mmgeo.data import ShapesWorld
+from mmgeo.models import Embedding
+from mmgeo.search.build import build_gallery_from_embedding
+from mmgeo.search.store import Gallery
+from mmgeo.search.two_stage import CANDIDATE_OFFSET, rank_captions, rerank_scores, search_text, search_texts
+
+
+@pytest.fixture(scope="module")
+def setup(gallery_env):
+    g = Gallery(gallery_env.idx)
+    captions = [ShapesWorld("test", 0, image_size=32)[i][1][0] for i in range(len(g))]
+    texts = gallery_env.model.encode_text(captions)
+    gallery_emb = Embedding(torch.zeros(len(g), 1), torch.from_numpy(np.array(g.keys, np.float32)),
+                            torch.from_numpy(np.array(g.values, np.float32)), torch.from_numpy(np.array(g.mask)))
+    exact = gallery_env.model.score(texts, gallery_emb).numpy()  # (N_text, N_image) geometric, every pair
+    return gallery_env.model, g, texts, exact
+
+
+def test_rerank_over_all_images_is_exact_search(setup):
+    model, g, texts, exact = setup
+    for i in range(len(texts)):
+        ids, scores = search_text(model, g, texts[i:i + 1], k=10, rerank=True, k_prime=len(g))
+        np.testing.assert_array_equal(ids, np.argsort(-exact[i], kind="stable")[:10])
+        np.testing.assert_allclose(scores, exact[i][ids], rtol=1e-5, atol=1e-6)
+
+
+def test_rerank_orders_candidates_by_exact_score(setup):
+    model, g, texts, exact = setup
+    k_prime, hits = 8, 0
+    for i in range(len(texts)):
+        _, cand = g.index.search(texts.pooled[i:i + 1].numpy(), k_prime)  # first stage
+        cand = cand[0]
+        ids, scores = search_text(model, g, texts[i:i + 1], k=k_prime, rerank=True, k_prime=k_prime)
+        assert set(ids) == set(cand)
+        np.testing.assert_allclose(scores, exact[i][ids], rtol=1e-5, atol=1e-6)
+        if i in cand:  # the true image is a candidate: it lands where exact scoring of the candidates puts it
+            hits += 1
+            exact_rank = int((exact[i][cand] > exact[i][i]).sum())
+            assert int(np.flatnonzero(ids == i)[0]) == exact_rank
+    assert hits > 0, "no query had its true image among the candidates: the test checked nothing"
+
+
+def test_rerank_off_is_the_global_order(setup):
+    model, g, texts, _ = setup
+    glob = (texts.pooled @ torch.from_numpy(g.index.reconstruct_n(0, len(g))).T).numpy()  # (N_t, N_i)
+    for i in range(5):
+        ids, scores = search_text(model, g, texts[i:i + 1], k=5, rerank=False)
+        np.testing.assert_array_equal(ids, np.argsort(-glob[i], kind="stable")[:5])
+
+
+def test_rerank_scores_are_the_models_geometric_scores(tiny_model):
+    """The serving re-rank (head-major GEMMs over all candidates) gives model.score's numbers, padding included."""
+    g = torch.Generator().manual_seed(0)
+    text = tiny_model.encode_text(["a red circle", "a small blue square on the left of a big green triangle"])
+    K, H, S = 7, tiny_model.cfg.num_heads, 16
+    keys = torch.randn(K, H, S, tiny_model.cfg.d_a, generator=g)
+    values = torch.nn.functional.normalize(torch.randn(K, H, S, tiny_model.cfg.d_e, generator=g), dim=-1)
+    mask = torch.ones(K, S, dtype=torch.bool)
+    mask[2, 10:] = False  # an image with padding patches
+    want = tiny_model.score(text, Embedding(torch.zeros(K, 1), keys, values, mask))  # (2, K)
+    for i in range(2):  # caption 0 is padded in the batch, caption 1 is not
+        got = rerank_scores(text.attn[i], text.mask[i], text.value[i], keys.transpose(0, 1).contiguous(),
+                            values.transpose(0, 1).contiguous(), mask)
+        torch.testing.assert_close(got, want[i], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("index_type", ["flat", "hnsw", "ivfpq"])
+def test_rank_captions_is_the_services_search_for_every_caption(setup, index_type, tmp_path):
+    model, g, texts, _ = setup
+    emb = Embedding(torch.from_numpy(g.index.reconstruct_n(0, len(g))), torch.from_numpy(np.array(g.keys)).float(),
+                    torch.from_numpy(np.array(g.values)).float(), torch.from_numpy(np.array(g.mask)))
+    build_gallery_from_embedding(model, emb, tmp_path / "i", index_type=index_type)
+    other = Gallery(tmp_path / "i")
+    assert other.manifest["index_type"] == index_type
+    ranking = rank_captions(model, other, texts, k_prime=6, batch_size=5, progress=False)
+    assert len(ranking.ids) == len(texts) and ranking.k_prime == 6
+    for i in range(len(texts)):
+        ids, scores = search_texts(model, other, texts[i:i + 1], [6], [True], 6)[0]
+        np.testing.assert_array_equal(ranking.ids[i], ids)
+        np.testing.assert_array_equal(ranking.scores[i], scores)
+        assert 0 < len(ids) <= 6
+
+
+def test_score_matrix_puts_the_reranked_candidates_first(setup):
+    """Candidates keep their re-ranked order on top; every other image keeps its global score, below them."""
+    model, g, texts, exact = setup
+    glob = texts.pooled @ torch.from_numpy(g.index.reconstruct_n(0, len(g))).T  # (N_t, N_i)
+    ranking = rank_captions(model, g, texts, k_prime=3, progress=False)
+    scores = ranking.score_matrix(glob)
+    for row in range(len(texts)):
+        cand = torch.from_numpy(ranking.ids[row])
+        others = torch.ones(len(g), dtype=torch.bool)
+        others[cand] = False
+        torch.testing.assert_close(scores[row, cand], torch.from_numpy(exact[row][cand.numpy()]), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(scores[row, others] + CANDIDATE_OFFSET, glob[row, others])
+        assert set(cand.tolist()) == set(glob[row].topk(3).indices.tolist())  # the first stage's top 3
+        assert scores[row, others].max() < scores[row, cand].min()
+        assert torch.equal(scores[row].argsort(descending=True, stable=True)[:3], cand)
+
+
+def test_first_stage_recall_counts_captions_and_images():
+    owners = torch.tensor([0, 0, 1, 1, 2])
+    ranking_ids = [np.array([0, 2]), np.array([1]), np.array([2, 0]), np.array([0]), np.array([2])]
+    from mmgeo.search.two_stage import CaptionRanking
+
+    got = CaptionRanking(ranking_ids, [np.zeros(len(i)) for i in ranking_ids], 2).first_stage_recall(owners)
+    assert got == {"text_to_image_first_stage_recall": 2 / 5, "image_to_text_first_stage_recall": 2 / 3}
