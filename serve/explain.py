@@ -30,8 +30,11 @@ def explain_png(model, gallery, image_id: int, text: str, image=None) -> bytes:
     words = model.tokenizer.convert_ids_to_tokens(tok["input_ids"][0][tok["attention_mask"][0].bool()].tolist())
     panels = [(w if w != "[CLS]" else "[CLS] (overview)", a) for w, a in zip(words, attn) if w not in ("[SEP]",)]
     panels = panels[:MAX_PANELS]
-    side = int(math.isqrt(attn.shape[1]))
-    pic = np.asarray(image.convert("RGB")) if image is not None else np.full((side, side, 3), 128, np.uint8)
+    rows_, cols_ = model.patch_grid  # S = rows_ · cols_ keys per image
+    if rows_ * cols_ != attn.shape[1]:
+        raise ValueError(f"gallery keys have {attn.shape[1]} patches per image but the model's patch grid is "
+                         f"{rows_}x{cols_}; rebuild the gallery with this model (python -m serve build)")
+    pic = np.asarray(image.convert("RGB")) if image is not None else np.full((rows_, cols_, 3), 128, np.uint8)
     cols = min(6, len(panels))
     rows = math.ceil(len(panels) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(2.0 * cols, 2.2 * rows), dpi=80, squeeze=False)
@@ -39,7 +42,7 @@ def explain_png(model, gallery, image_id: int, text: str, image=None) -> bytes:
         ax.axis("off")
     for ax, (word, a) in zip(axes.flat, panels):
         ax.imshow(pic, extent=(0, 1, 0, 1))
-        heat = a.reshape(side, side).numpy() if side * side == a.numel() else a[None].numpy()
+        heat = a.reshape(rows_, cols_).numpy()
         ax.imshow(heat, cmap="jet", alpha=0.5, extent=(0, 1, 0, 1), interpolation="nearest")
         ax.set_title(word, fontsize=9)
     fig.suptitle(f"image {image_id}: where each word looks", fontsize=10)
