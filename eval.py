@@ -66,16 +66,16 @@ def evaluate_compositional(args, model) -> dict:
 
     start = time.time()
     if args.data == "sugarcrepe":
-        if not getattr(args, "data_root", None) or not getattr(args, "image_root", None):
+        if not args.data_root or not args.image_root:
             raise SystemExit("--data sugarcrepe needs --data-root JSON_DIR (the data/ folder of "
                              "github.com/RAIVNLab/sugar-crepe) and --image-root IMG_DIR (COCO val2017 images)")
         try:
             items = sugarcrepe_items(args.data_root, args.image_root, limit=args.limit,
-                                     skip_bad=getattr(args, "skip_bad", False))
+                                     skip_bad=args.skip_bad)
         except (FileNotFoundError, ValueError) as e:
             raise SystemExit(str(e)) from e
     elif args.data == "synthetic":
-        limit = getattr(args, "suite_limit", None) or args.limit
+        limit = args.suite_limit or args.limit
         world = build_dataset("synthetic", args.split, seed=args.seed, size=limit,
                               image_size=args.image_size or model.cfg.image_size)
         items = shapes_items(world, limit, progress=True)
@@ -91,8 +91,8 @@ def evaluate_compositional(args, model) -> dict:
 def load_model_and_index(args, device: str):
     """-> (model, its name for the JSON, the ``--index`` gallery or None). With ``--index`` the model is
     ``--ckpt`` or the checkpoint the manifest names, checked against the gallery as the service checks it."""
-    index = getattr(args, "index", None)
-    if getattr(args, "model", None):
+    index = args.index
+    if args.model:
         if index:
             raise SystemExit("--index needs the checkpoint its gallery was built with (--ckpt, or none: the one "
                              "its manifest names), not --model")
@@ -117,7 +117,7 @@ def load_model_and_index(args, device: str):
 
 def evaluate(args) -> dict:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    suite = getattr(args, "suite", "retrieval")
+    suite = args.suite
     if args.data == "sugarcrepe" and suite != "compositional":
         raise SystemExit("sugarcrepe is a compositional benchmark (caption vs edited caption): "
                          "use --suite compositional")
@@ -126,15 +126,15 @@ def evaluate(args) -> dict:
         return {"dataset": args.data, "split": None if args.data == "sugarcrepe" else args.split,
                 "model": name, "score": model.default_mode,
                 "task": "compositional", "compositional": evaluate_compositional(args, model)}
-    mode = getattr(args, "mode", None) or ("two-stage" if gallery is not None else "exact")
+    mode = args.mode or ("two-stage" if gallery is not None else "exact")
     if mode == "two-stage" and not model.geometric:
         raise SystemExit("two-stage re-ranks with the geometric score, which this model (score='global') lacks; "
                          "use --mode exact")
     image_size = args.image_size or model.cfg.image_size
     limit = args.limit if args.limit is not None or gallery is None else len(gallery)
     dataset = build_dataset(args.data, args.split, seed=args.seed, image_size=image_size, size=limit,
-                            root=getattr(args, "data_root", None), data_format=getattr(args, "data_format", None),
-                            max_pixels=getattr(args, "max_pixels", MAX_PIXELS))
+                            root=args.data_root, data_format=args.data_format,
+                            max_pixels=args.max_pixels)
     if gallery is not None and len(dataset) != len(gallery):
         raise SystemExit(f"index {gallery.root} holds {len(gallery)} images, {args.data} {args.split} (--limit "
                          f"{limit}) has {len(dataset)}: evaluate the split the index was built from, e.g. "
@@ -153,7 +153,7 @@ def evaluate(args) -> dict:
         from mmgeo.search.two_stage import evaluate_split
 
         try:  # the service's search code over --index, or over a temporary gallery of the split's images
-            t2i, record = evaluate_split(model, split, args.k_prime, getattr(args, "index_type", None) or "flat",
+            t2i, record = evaluate_split(model, split, args.k_prime, args.index_type or "flat",
                                          gallery)
         except GalleryError as err:
             where = f"index {gallery.root} was not built from this split: " if gallery is not None else ""
