@@ -16,6 +16,7 @@ import torch
 BACKENDS = ("auto", "triton", "reference")
 GPU_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 INTERPRETER_DTYPES = (torch.float32, torch.float16)  # the interpreter mis-computes bf16 tl.dot
+MAX_GRID_Y = 65_535  # CUDA grid axes 1 and 2 hold at most this many blocks: larger batches are launched in parts
 
 
 def kernel_backend() -> str:

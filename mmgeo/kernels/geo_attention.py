@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from mmgeo.kernels._common import use_triton
+from mmgeo.kernels._common import MAX_GRID_Y, use_triton
 from mmgeo.kernels.scale import attention_scale
 
 
@@ -97,4 +97,13 @@ def geo_attention(q, k, v, key_padding_mask=None, causal: bool = False, scale: f
         return geo_attention_reference(q, k, v, key_padding_mask, causal=causal, scale=scale)
     dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)  # e.g. mixed under autocast
     q, k, v = (x.to(dtype) if x.stride(-1) == 1 else x.to(dtype).contiguous() for x in (q, k, v))
-    return _GeoAttentionTriton.apply(q, k, v, key_padding_mask, bool(causal), attention_scale(q.shape[-1], scale))
+    scale = attention_scale(q.shape[-1], scale)
+    per_launch = max(1, MAX_GRID_Y // q.shape[1])  # the kernels put B·H on a CUDA grid axis of at most 65,535
+    if q.shape[0] <= per_launch:
+        return _GeoAttentionTriton.apply(q, k, v, key_padding_mask, bool(causal), scale)
+    parts = []
+    for b in range(0, q.shape[0], per_launch):
+        part = slice(b, b + per_launch)
+        mask = None if key_padding_mask is None else key_padding_mask[part]
+        parts.append(_GeoAttentionTriton.apply(q[part], k[part], v[part], mask, bool(causal), scale))
+    return torch.cat(parts)

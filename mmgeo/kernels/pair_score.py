@@ -32,7 +32,7 @@ from __future__ import annotations
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from mmgeo.kernels._common import use_triton
+from mmgeo.kernels._common import MAX_GRID_Y, use_triton
 from mmgeo.kernels.scale import attention_scale
 
 DEFAULT_CHUNK_ELEMENTS = 1 << 26  # attention weights alive at once under autograd (256 MiB in fp32)
@@ -302,4 +302,9 @@ def pair_score(q, q_mask, u, k, k_mask, v, scale: float | None = None,
                          f"{[str(x.device) for x in (q, q_mask, u, k, k_mask, v)]}: move them first")
     dtype = torch.promote_types(torch.promote_types(q.dtype, u.dtype), torch.promote_types(k.dtype, v.dtype))
     q, u, k, v = (_last_dim_contiguous(x.to(dtype)) for x in (q, u, k, v))  # one dtype (mixed under autocast)
-    return _PairScoreTriton.apply(q, q_mask, u, k, k_mask, v, attention_scale(q.shape[-1], scale))
+    scale = attention_scale(q.shape[-1], scale)
+    if k.shape[0] <= MAX_GRID_Y:  # the kernels put B_i on a CUDA grid axis of at most 65,535
+        return _PairScoreTriton.apply(q, q_mask, u, k, k_mask, v, scale)
+    return torch.cat([_PairScoreTriton.apply(q, q_mask, u, k[c:c + MAX_GRID_Y], k_mask[c:c + MAX_GRID_Y],
+                                             v[c:c + MAX_GRID_Y], scale)
+                      for c in range(0, k.shape[0], MAX_GRID_Y)], dim=1)

@@ -126,3 +126,18 @@ def test_cuda_bf16_matches_reference(dims, causal, monkeypatch):
     assert_close_scaled(out.float(), ref, 2e-2, "forward")
     for name, a, b in zip("qkv", grads, ref_grads):
         assert_close_scaled(a.float(), b, 3e-2, f"d{name}")
+
+
+def test_batch_beyond_one_grid_axis_is_launched_in_parts(device, force_triton, monkeypatch):
+    """B·H past the CUDA grid-axis limit (patched down to 4 here, H = 2): the same output and gradients."""
+    q, k, v, kpm = _inputs(5, 2, 20, 23, 8, 12, True, torch.float32, device)
+    leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+    whole = geo_attention(*leaves, key_padding_mask=kpm)
+    whole_grads = torch.autograd.grad(whole.sum(), leaves)
+    monkeypatch.setattr(importlib.import_module("mmgeo.kernels.geo_attention"), "MAX_GRID_Y", 4)  # 2 per launch
+    parts = geo_attention(*leaves, key_padding_mask=kpm)
+    launches = [type(f).__name__ for f, _ in parts.grad_fn.next_functions]  # the concatenated parts
+    assert launches == ["_GeoAttentionTritonBackward"] * 3
+    torch.testing.assert_close(parts, whole)
+    for a, b in zip(torch.autograd.grad(parts.sum(), leaves), whole_grads):
+        torch.testing.assert_close(a, b)

@@ -160,3 +160,18 @@ def test_cuda_auto_dispatch_matches_reference_at_model_shapes(dtype, monkeypatch
     assert_close_scaled(out, ref, tol, "forward")
     for name, a, b in zip("qukv", grads, ref_grads):
         assert_close_scaled(a.float(), b, tol, f"d{name}")
+
+
+def test_images_beyond_one_grid_axis_are_launched_in_parts(device, force_triton, monkeypatch):
+    """B_i past the CUDA grid-axis limit (patched down to 2 here): the same scores and gradients as one launch."""
+    q, qm, u, k, km, v = _inputs(3, 5, 2, 7, 20, 8, 4, torch.float32, device)
+    leaves = [x.detach().requires_grad_() for x in (q, u, k, v)]
+    whole = pair_score(leaves[0], qm, leaves[1], leaves[2], km, leaves[3])
+    whole_grads = torch.autograd.grad(whole.sum(), leaves)
+    monkeypatch.setattr(ps_module, "MAX_GRID_Y", 2)  # 5 images -> launches of 2, 2, 1
+    parts = pair_score(leaves[0], qm, leaves[1], leaves[2], km, leaves[3])
+    launches = [type(f).__name__ for f, _ in parts.grad_fn.next_functions]  # the concatenated parts
+    assert launches == ["_PairScoreTritonBackward"] * 3
+    torch.testing.assert_close(parts, whole)
+    for a, b in zip(torch.autograd.grad(parts.sum(), leaves), whole_grads):
+        torch.testing.assert_close(a, b)

@@ -1,0 +1,716 @@
+"""Every GPU claim checked and measured by one command, each section bounded in time (docs/design.md §4).
+
+    python benchmarks/gpu_check.py [--out DIR]            # one H200: at most 8 minutes
+    python benchmarks/gpu_check.py --dry-run [--out DIR]  # CPU, TRITON_INTERPRET=1, tiny shapes: at most 3 minutes
+
+Writes DIR/gpu_check.json and DIR/gpu_check.md (an environment table, then one table per section, to paste
+into docs/benchmarks.md); prints the markdown to stdout, progress to stderr. Each section runs in its own
+process with a time budget (``BUDGETS_S``): it skips what would pass its budget (the row says so), is killed
+past it plus ``GRACE_S``, and an exception, a crash or a timeout is recorded in its JSON (with a traceback
+summary) while the next section runs. Rows are saved as they come, so a killed section keeps what it measured.
+
+1. correctness (130 s): compiled Triton ``pair_score`` and ``geo_attention``, forward and backward, fp32 / bf16 /
+   fp16, every autotune config forced in turn at model shapes, odd lengths with padding masks (first config, then
+   the others while time is left), and a batch past one grid axis (65,535 programs); against the plain-PyTorch
+   reference in fp64 on the same rounded inputs, with the tolerances of the kernel tests
+   (|err| <= tol·max|ref| + tol·|ref|). Per case: max abs / rel error, tolerance, pass.
+2. kernel_speed (100 s): ``pair_score`` forward and forward+backward, B in {256, 512, 1024}, T=32, S=197,
+   d_a=d_e=64, H=8, bf16: Triton against the naive einsum, the chunked reference and ``torch.compile`` of the
+   naive definition (the chunked reference's Python block loop would be unrolled by dynamo), each where it fits
+   in memory: time, ratio to Triton, TFLOP/s, time at the exp-unit bound ``EXP_PER_S``; ``geo_attention``
+   against SDPA's flash backend at N=8,192, d_a in {32, 64}, d_v=64.
+   CUDA events, median of up to ``REPEATS`` timed calls (q, k zero-padded to d_v for SDPA where d_a < d_v).
+3. training (150 s): up to 100 steps of ``geo-vitb16-bert`` and ``clip-vitb16-bert`` (random init, bf16 autocast,
+   batch 256, random pixels / tokens) and of open_clip ``ViT-B-16`` with ``ClipLoss``: samples/s, peak memory.
+   Without bert-base-uncased in the local HF cache the text tower is a random-init BERT-base-sized scratch BERT
+   (the row's note says so).
+4. evaluation (50 s): exact geometric scores of 5,000 captions × 1,000 images at geo-vitb16-bert shapes through
+   ``GeoRetriever.score``; two-stage evaluation (``mmgeo.search``: flat FAISS top-K', re-rank) of 1,000 × 1,000.
+
+The dry run takes the same code path: interpreted kernels (fp32 / fp16 only: bf16 ``tl.dot`` is wrong in the
+interpreter, those cases say so; one autotune config, as the kernels define under the interpreter), tiny shapes,
+``torch.compile`` with the eager backend, tiny models (2 steps, batch 4), 20 × 10 evaluation. Without --dry-run
+and without CUDA the script exits with code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+T0 = time.monotonic()  # a section's budget counts from its process start (imports included)
+SECTIONS = ("correctness", "kernel_speed", "training", "evaluation")
+BUDGETS_S = {"correctness": 130, "kernel_speed": 100, "training": 150, "evaluation": 50}
+DRY_BUDGETS_S = {"correctness": 60, "kernel_speed": 40, "training": 50, "evaluation": 30}
+TOTAL_S, DRY_TOTAL_S = 470, 175  # all sections together, process start-up included
+GRACE_S = 15  # past its budget a section is killed
+REPEATS = 5
+EXP_PER_S = 3.9e12  # exps/s of the special-function units of an H100/H200 SXM (FlashAttention-3 paper, §1)
+TOL = {"float32": 1e-4, "float16": 3e-3, "bfloat16": 2e-2}  # as tests/kernels (fp32 under TF32: 2e-3)
+TINY = dict(text_hidden=32, text_layers=1, text_heads=2, image_embed_dim=32, image_depth=1, image_heads=2,
+            image_size=32, patch_size=8, key_hidden=16, query_hidden=32, num_heads=2, d_a=8, d_e=8, d_global=16)
+
+
+def log(msg: str) -> None:
+    print(f"[gpu_check {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+class Section:
+    """Rows of one section, saved after each; ``run`` records an exception or a spent budget and goes on."""
+
+    def __init__(self, name: str, out: Path, budget_s: float):
+        self.name, self.path, self.rows = name, out / f".{name}.json", []
+        self.t0, self.budget = T0, budget_s
+
+    def left(self) -> float:
+        return self.budget - (time.monotonic() - self.t0)
+
+    def save(self, status: str = "running", error: str | None = None) -> None:
+        data = {"status": status, "budget_s": self.budget, "seconds": round(time.monotonic() - self.t0, 2),
+                "error": error, "results": self.rows}
+        self.path.with_suffix(".tmp").write_text(json.dumps(data, indent=1, default=str))
+        self.path.with_suffix(".tmp").replace(self.path)
+
+    def run(self, row: dict, fn, need_s: float = 1.0, skip: str | None = None) -> dict:
+        if skip is None and self.left() < need_s:
+            skip = f"section time budget spent ({self.left():.0f} s left, about {need_s:.0f} s needed)"
+        if skip:
+            row.update(status="skipped", reason=skip)
+        else:
+            try:
+                row.update(fn() or {})
+                row.setdefault("status", "ok")
+            except Exception as err:  # noqa: BLE001 - recorded, the next row runs
+                row.update(status="error", error=summary(err))
+                empty_cache()
+        log(f"{self.name}: {row}")
+        self.rows.append(row)
+        self.save()
+        return row
+
+
+def summary(err: BaseException) -> str:
+    tb = traceback.format_exception(type(err), err, err.__traceback__, limit=-3)
+    return "".join(tb)[-1500:]
+
+
+def empty_cache() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def timed(fn, dev, budget_s: float = 5.0) -> float:
+    """Median milliseconds of ``fn()`` over up to REPEATS calls after one warm-up (autotune, compile)."""
+    import torch
+
+    cuda = dev.type == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    fn()
+    sync()
+    times = []
+    while len(times) < REPEATS and (sum(times) / 1e3 < budget_s or not times):
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            sync()
+            times.append(start.elapsed_time(end))
+        else:
+            t = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(times)
+
+
+# ------------------------------------------------------------------------------------------------- correctness
+
+
+def pair_inputs(bt, bi, h, t, s, da, de, dtype, dev, seed=0):
+    """q (B_t, H, T, d_a), u (B_t, H, T, d_e), k (B_i, H, S, d_a), v (B_i, H, S, d_e); padded captions, patch holes."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    mk = lambda *shape: torch.randn(*shape, generator=g).to(dev, dtype)  # noqa: E731
+    q, u, k, v = mk(bt, h, t, da), mk(bt, h, t, de), mk(bi, h, s, da), mk(bi, h, s, de)
+    q_mask = torch.arange(t)[None] < torch.randint(1, t + 1, (bt, 1), generator=g)  # (B_t, T)
+    q_mask[0] = True
+    k_mask = torch.rand(bi, s, generator=g) > 0.3  # (B_i, S) holes anywhere
+    k_mask[0, :16] = False  # a whole tile of padding first
+    k_mask[:, -1] = True
+    return (q, u, k, v), (q_mask.to(dev), k_mask.to(dev))
+
+
+def attn_inputs(b, h, n, m, da, dv, pad, dtype, dev, seed=0):
+    """q (B, H, N, d_a), k (B, H, M, d_a), v (B, H, M, d_v); key_padding_mask (B, M), True = padding."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    mk = lambda *shape: torch.randn(*shape, generator=g).to(dev, dtype)  # noqa: E731
+    kpm = None
+    if pad:
+        kpm = torch.rand(b, m, generator=g) < 0.3
+        kpm[0, 0], kpm[0, -1] = True, False
+        kpm = kpm.to(dev)
+    return (mk(b, h, n, da), mk(b, h, m, da), mk(b, h, m, dv)), kpm
+
+
+def compare(actual, expected, tol: float) -> dict:
+    """Max abs / rel error in fp64 and the kernel tests' criterion |err| <= tol·max|ref| + tol·|ref|."""
+    a, b = actual.double(), expected.double()
+    err, scale = (a - b).abs(), b.abs().max().item()
+    ok = bool((err <= tol * max(scale, 1e-6) + tol * b.abs()).all()) and bool(a.isfinite().all())
+    return {"max_abs": err.max().item(), "max_rel": err.max().item() / max(scale, 1e-12), "pass": ok}
+
+
+def check_case(kernel: str, shape, dtype, dev) -> dict:
+    """Triton forward + backward against the fp64 reference on the same inputs: errors per output."""
+    import torch
+
+    from mmgeo.kernels import geo_attention, geo_attention_reference, pair_score, pair_score_naive
+
+    if kernel == "pair_score":
+        leaves, (qm, km) = pair_inputs(*shape, dtype, dev)
+        fn = lambda q, u, k, v: pair_score(q, qm, u, k, km, v)  # noqa: E731
+        ref_fn = lambda q, u, k, v: pair_score_naive(q, qm, u, k, km, v)  # noqa: E731
+        names = ("out", "dq", "du", "dk", "dv")
+    else:
+        *dims, causal, pad = shape
+        leaves, kpm = attn_inputs(*dims, pad, dtype, dev)
+        fn = lambda q, k, v: geo_attention(q, k, v, key_padding_mask=kpm, causal=causal)  # noqa: E731
+        ref_fn = lambda q, k, v: geo_attention_reference(q, k, v, key_padding_mask=kpm, causal=causal)  # noqa: E731
+        names = ("out", "dq", "dk", "dv")
+    xs = [x.detach().requires_grad_() for x in leaves]
+    out = fn(*xs)
+    path = type(out.grad_fn).__name__
+    ref_xs = [x.detach().double().requires_grad_() for x in leaves]
+    ref = ref_fn(*ref_xs)
+    w = torch.randn(ref.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64).to(dev)
+    got = (out, *torch.autograd.grad(out, xs, w.to(out.dtype)))
+    want = (ref, *torch.autograd.grad(ref, ref_xs, w))
+    tol = TOL[str(dtype).split(".")[-1]]
+    if dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32 and dev.type == "cuda":
+        tol = 2e-3
+    errs = {n: compare(a, b, tol) for n, a, b in zip(names, got, want)}
+    return {"path": path, "tol": tol, "max_abs": max(e["max_abs"] for e in errs.values()),
+            "max_rel": max(e["max_rel"] for e in errs.values()), "outputs": errs,
+            "pass": all(e["pass"] for e in errs.values()) and "Triton" in path}
+
+
+class forced_config:
+    """Run the autotuned kernels with their i-th config only (no tuning), restored afterwards."""
+
+    def __init__(self, kernels, i: int):
+        self.kernels, self.i = kernels, i
+
+    def __enter__(self):
+        self.saved = [(k.configs, k.cache) for k in self.kernels]
+        for k in self.kernels:
+            k.configs, k.cache = [k.configs[min(self.i, len(k.configs) - 1)]], {}
+        return [str(k.configs[0]) for k in self.kernels]
+
+    def __exit__(self, *exc):
+        for k, (configs, cache) in zip(self.kernels, self.saved):
+            k.configs, k.cache = configs, cache
+
+
+def section_correctness(sec: Section, dev, dry: bool) -> None:
+    import importlib
+
+    import torch
+
+    os.environ["MMGEO_KERNELS"] = "triton"
+    ps = importlib.import_module("mmgeo.kernels._pair_score_triton")
+    ga = importlib.import_module("mmgeo.kernels._geo_attention_triton")
+    kernels = {"pair_score": [ps._pair_fwd_kernel, ps._pair_bwd_q_kernel, ps._pair_bwd_k_kernel],
+               "geo_attention": [ga._attn_fwd_kernel, ga._attn_bwd_kv_kernel, ga._attn_bwd_q_kernel]}
+    # pair_score (B_t, B_i, H, T, S, d_a, d_e); geo_attention (B, H, N, M, d_a, d_v, causal, padding)
+    if dry:
+        cases = {"pair_score": {"tiny-padded": (4, 4, 2, 5, 9, 16, 16), "odd-multi-tile": (3, 2, 2, 7, 20, 8, 4)},
+                 "geo_attention": {"padding": (2, 2, 20, 23, 8, 12, False, True),
+                                   "causal-n-gt-m": (1, 2, 25, 10, 8, 16, True, False)}}
+    else:
+        cases = {"pair_score": {"model-padded": (24, 20, 8, 32, 197, 64, 64),
+                                "odd-lengths": (9, 7, 8, 23, 101, 64, 48)},
+                 "geo_attention": {"model-padding": (2, 8, 197, 197, 64, 64, False, True),
+                                   "odd-causal-padding": (2, 4, 77, 53, 64, 64, True, True)}}
+    big = {"pair_score": (2, 65_537, 1, 4, 8, 16, 16), "geo_attention": (8_193, 8, 16, 16, 16, 16, False, True)}
+    for kernel, shape in big.items():  # past one grid axis: B_i (pair_score), B·H (geo_attention) > 65,535
+        def go(kernel=kernel, shape=shape):
+            with forced_config(kernels[kernel], 0):
+                return check_case(kernel, shape, torch.bfloat16, dev)
+
+        sec.run({"kernel": kernel, "case": "grid-axis>65535", "shape": shape, "dtype": "bfloat16", "config": 0}, go,
+                need_s=10,
+                skip="interpreter: the grid limit is a GPU property, 65,536 programs too slow to interpret"
+                if dry else None)
+    # each new (dtype, config, shape specialisation) compiles 3 kernels: the model shape with every config and the
+    # odd shape with the first config come first, for every dtype; the odd shape's other configs while time is left
+    jobs = [(dtype, kernel, i, case) for phase in (0, 1) for dtype in (torch.bfloat16, torch.float16, torch.float32)
+            for kernel, ks in kernels.items() for i in range(max(len(k.configs) for k in ks))
+            for n, case in enumerate(cases[kernel]) if (phase == 0) == (n == 0 or i == 0)]
+    for dtype, kernel, i, case in jobs:
+        shape = cases[kernel][case]
+        row = {"kernel": kernel, "case": case, "shape": shape, "dtype": str(dtype)[6:], "config": i}
+
+        def go(kernel=kernel, shape=shape, dtype=dtype, i=i):
+            with forced_config(kernels[kernel], i) as names:
+                return {"config_detail": names, **check_case(kernel, shape, dtype, dev)}
+
+        skip = "interpreter: bf16 tl.dot is wrong there" if dry and dtype == torch.bfloat16 else None
+        sec.run(row, go, need_s=6, skip=skip)
+
+
+# ------------------------------------------------------------------------------------------------ kernel speed
+
+
+def pair_speed_rows(sec: Section, dev, dry: bool, impls: dict, need_s: float, cache: dict) -> None:
+    """pair_score forward and forward+backward of each of ``impls`` at each batch size: one row each."""
+    import torch
+
+    dtype = torch.float32 if dry else torch.bfloat16
+    H, T, S, D = (2, 5, 9, 16) if dry else (8, 32, 197, 64)
+    mem = torch.cuda.get_device_properties(dev).total_memory if dev.type == "cuda" else 1 << 62
+    for B in (4, 8) if dry else (256, 512, 1024):
+        if B not in cache:
+            leaves, (qm, km) = pair_inputs(B, B, H, T, S, D, D, dtype, dev)  # q, u (B, H, T, D); k, v (B, H, S, D)
+            km[:] = True  # the model's images have every patch
+            cache[B] = leaves, qm, km
+        leaves, qm, km = cache[B]
+        for backward in (False, True):
+            mult = 3 if backward else 1  # backward counted as 2× forward (FLOPs); it recomputes the exps twice
+            for name, fn in impls.items():
+                xs = [x.detach().requires_grad_(backward) for x in leaves]
+
+                def call(fn=fn, xs=xs, backward=backward, qm=qm, km=km):
+                    if backward:
+                        torch.autograd.grad(fn(xs[0], qm, xs[1], xs[2], km, xs[3]).sum(), xs)
+                    else:
+                        with torch.no_grad():
+                            fn(xs[0], qm, xs[1], xs[2], km, xs[3])
+
+                naive_bytes = B * B * H * T * S * 4 * (6 if backward else 3)
+                skip = f"naive would allocate ~{naive_bytes / 2**30:.0f} GiB" \
+                    if name != "triton" and name != "reference" and naive_bytes > 0.6 * mem else None
+                row = {"kernel": "pair_score", "B": B, "shape": f"B_t=B_i={B}, H={H}, T={T}, S={S}, d_a=d_e={D}",
+                       "dtype": str(dtype)[6:], "pass": "fwd+bwd" if backward else "fwd", "impl": name,
+                       "flop": mult * 2 * B * B * H * T * S * (D + D), "exps": mult * B * B * H * T * S}
+                sec.run(row, lambda call=call: {"ms": timed(call, dev)}, need_s=need_s, skip=skip)
+            empty_cache()
+
+
+def speed_ratios(rows: list[dict]) -> None:
+    """TFLOP/s, exp bound, and each row's time over Triton's at the same shape and pass (Triton's row: best
+    PyTorch time over its own)."""
+    for r in rows:
+        if "ms" in r:
+            r.update(tflops=r["flop"] / r["ms"] / 1e9, exp_bound_ms=r["exps"] / EXP_PER_S * 1e3)
+            r["exp_bound_fraction"] = r["exp_bound_ms"] / r["ms"]
+    for r in rows:
+        same = [x for x in rows if "ms" in x and (x["kernel"], x["shape"], x["pass"]) ==
+                (r["kernel"], r["shape"], r["pass"])]
+        tri = next((x["ms"] for x in same if x["impl"] == "triton"), None)
+        best = min((x["ms"] for x in same if x["impl"] != "triton"), default=None)
+        if "ms" in r and tri:
+            r["time_over_triton"] = r["ms"] / tri
+        if r["impl"] == "triton" and "ms" in r and best:
+            r["triton_speedup"] = best / r["ms"]
+
+
+def section_kernel_speed(sec: Section, dev, dry: bool) -> None:
+    """Triton, naive and chunked pair_score; then geo_attention vs SDPA; torch.compile last (its compile time
+    must not starve the rest)."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from mmgeo.kernels import geo_attention, pair_score, pair_score_naive, pair_score_reference
+
+    os.environ["MMGEO_KERNELS"] = "triton"
+    dtype = torch.float32 if dry else torch.bfloat16
+    cache = {}
+    pair_speed_rows(sec, dev, dry, {"triton": pair_score, "naive": pair_score_naive,
+                                    "reference": pair_score_reference}, 8, cache)
+    B, H, N, DV = (1, 2, 32, 16) if dry else (2, 16, 8192, 64)
+    for da in (8, 16) if dry else (32, 64):
+        (q, k, v), _ = attn_inputs(B, H, N, N, da, DV, False, dtype, dev)  # q, k (B, H, N, d_a); v (B, H, N, d_v)
+        pad = (lambda x, da=da: F.pad(x, (0, DV - da))) if da < DV else (lambda x: x)  # SDPA flash: one head dim
+
+        def sdpa(q, k, v, da=da, pad=pad):
+            with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+                return F.scaled_dot_product_attention(pad(q), pad(k), v, scale=da ** -0.5)
+
+        for backward in (False, True):
+            for name, fn in (("triton", geo_attention), ("sdpa-flash", sdpa)):
+                xs = [x.detach().requires_grad_(backward) for x in (q, k, v)]
+
+                def call(fn=fn, xs=xs, backward=backward):
+                    if backward:
+                        torch.autograd.grad(fn(*xs).sum(), xs)
+                    else:
+                        with torch.no_grad():
+                            fn(*xs)
+
+                # FLOPs: forward 2·B·H·N²·(d_a + d_v), backward 2.5× forward (FlashAttention's count); exps recomputed
+                sec.run({"kernel": "geo_attention", "shape": f"B={B}, H={H}, N={N}, d_a={da}, d_v={DV}",
+                         "dtype": str(dtype)[6:], "pass": "fwd+bwd" if backward else "fwd", "impl": name,
+                         "flop": (3.5 if backward else 1) * 2 * B * H * N * N * (da + DV),
+                         "exps": (2 if backward else 1) * B * H * N * N,
+                         "note": f"q, k zero-padded to {DV}" if name != "triton" and da < DV else ""},
+                        lambda call=call: {"ms": timed(call, dev)}, need_s=5)
+        empty_cache()
+    # torch.compile of the reference definition (pair_score_naive: one block, what inductor can fuse); the chunked
+    # reference's Python loop over blocks would be unrolled by dynamo into thousands of blocks at these sizes.
+    backend = "eager" if dry else "inductor"  # the dry run checks tracing only (inductor on CPU: minutes)
+    compiled = torch.compile(pair_score_naive, backend=backend)
+    pair_speed_rows(sec, dev, dry, {f"compile({backend}) naive": compiled}, 5 if dry else 30, cache)
+
+
+# ---------------------------------------------------------------------------------------------------- training
+
+
+def model_overrides(dry: bool) -> tuple[dict, str]:
+    """ModelConfig overrides that need no download, and what they imply."""
+    o = dict(image_pretrained=False, text_pretrained=False)
+    if dry:
+        return dict(o, **TINY, text_backbone="scratch", text_vocab=[f"w{i}" for i in range(50)]), "tiny (tests' TINY)"
+    try:
+        from transformers import AutoConfig, AutoTokenizer
+
+        AutoConfig.from_pretrained("bert-base-uncased")
+        AutoTokenizer.from_pretrained("bert-base-uncased")
+        return o, "random init (bert-base-uncased config from the local cache)"
+    except OSError:
+        o.update(text_backbone="scratch", text_vocab=[f"w{i}" for i in range(30_518)], text_hidden=768,
+                 text_layers=12, text_heads=12)
+        return o, ("bert-base-uncased not in the local HF cache: random-init BERT-base-sized scratch text tower "
+                   "(hidden 768, 12 layers, 12 heads, 30,522 tokens)")
+
+
+def train_loop(sec: Section, step, dev, steps: int, warmup: int, share_s: float) -> dict:
+    """Warm-up steps, then up to ``steps`` timed steps within ``share_s``: samples/s inputs and peak memory."""
+    import torch
+
+    for _ in range(warmup):
+        step()
+    cuda = dev.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    t0, done = time.perf_counter(), 0
+    while done < steps and (done == 0 or (time.perf_counter() - t0) * (done + 1) / done < share_s):
+        step()
+        done += 1
+        if cuda and done == 1:
+            torch.cuda.synchronize()
+    if cuda:
+        torch.cuda.synchronize()
+    secs = time.perf_counter() - t0
+    peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else None
+    return {"steps": done, "seconds": secs, "steps_per_s": done / secs, "peak_gib": peak,
+            "status": "ok" if done == steps else "partial: section budget"}
+
+
+def section_training(sec: Section, dev, dry: bool) -> None:
+    import torch
+
+    import mmgeo
+    from mmgeo.kernels import use_triton
+    from mmgeo.losses import retrieval_loss
+
+    os.environ["MMGEO_KERNELS"] = "auto"
+    batch, steps, warmup = (4, 2, 1) if dry else (256, 100, 3)
+    T = 8 if dry else 32
+    overrides, note = model_overrides(dry)
+    amp = dict(device_type=dev.type, dtype=torch.bfloat16)
+    for name in ("geo-vitb16-bert", "clip-vitb16-bert"):
+        def go(name=name):
+            torch.manual_seed(0)
+            model = mmgeo.create_model(name, **overrides).to(dev).train()
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+            vocab = model.text_encoder.config.vocab_size
+            ids = torch.randint(5, vocab, (batch, T), device=dev)  # (B, T)
+            att = (torch.arange(T, device=dev)[None] < torch.randint(2, T + 1, (batch, 1), device=dev)).long()
+            px = torch.randn(batch, 3, model.cfg.image_size, model.cfg.image_size, device=dev)  # (B, 3, H, W)
+
+            def step():
+                with torch.autocast(**amp):
+                    loss = retrieval_loss(model.logits(*model(ids, att, px)))["loss"]
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+
+            with torch.autocast(**amp), torch.no_grad():  # what the score gets under autocast
+                t, i = model(ids, att, px)
+            dtypes = {"score_inputs": [str(x.dtype)[6:] for x in (t.attn, t.value, i.attn, i.value)],
+                      "pair_score_path": "triton" if use_triton("pair_score", t.attn, t.value, i.attn, i.value)
+                      else "reference"} if model.geometric else {}
+            r = train_loop(sec, step, dev, steps, warmup, sec.left() / (3 if "geo" in name else 2) - 10)
+            return {**r, **dtypes, "samples_per_s": r["steps_per_s"] * batch}
+
+        sec.run({"model": name, "batch": batch, "tokens": T, "note": note}, go, need_s=20)
+        empty_cache()
+
+    def openclip():
+        import open_clip
+
+        arch = "ViT-B-16"
+        if dry:
+            sys.path.insert(0, str(ROOT))
+            from tests.openclip_tiny import register
+
+            arch = register(Path(tempfile.mkdtemp(prefix="gpu-check-oc-")))
+        torch.manual_seed(0)
+        model = open_clip.create_model(arch).to(dev).train()
+        opt, loss_fn = torch.optim.AdamW(model.parameters(), lr=1e-4), open_clip.ClipLoss()
+        size, ctx = model.visual.image_size, model.context_length
+        px = torch.randn(batch, 3, *((size,) * 2 if isinstance(size, int) else size), device=dev)
+        text = torch.randint(1, 49_407, (batch, ctx), device=dev)  # (B, context)
+
+        def step():
+            with torch.autocast(**amp):
+                out = model(px, text)
+                feats = (out["image_features"], out["text_features"], out["logit_scale"]) \
+                    if isinstance(out, dict) else out[:3]
+                loss = loss_fn(*feats)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+
+        r = train_loop(sec, step, dev, steps, warmup, sec.left() - 10)
+        return {**r, "samples_per_s": r["steps_per_s"] * batch, "model": f"open_clip {arch}", "tokens": ctx}
+
+    sec.run({"model": "open_clip ViT-B-16", "batch": batch, "note": "random init, open_clip.ClipLoss"}, openclip,
+            need_s=15)
+
+
+# -------------------------------------------------------------------------------------------------- evaluation
+
+
+def random_embedding(n, H, L, da, de, dg, dtype, dev, seed, min_len=None):
+    """Embedding: pooled (n, d_g), attn (n, H, L, d_a), value (n, H, L, d_e) unit, mask (n, L)."""
+    import torch
+    import torch.nn.functional as F
+
+    from mmgeo.models.embedding import Embedding
+
+    g = torch.Generator().manual_seed(seed)
+    mk = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    mask = torch.arange(L)[None] < torch.randint(min_len or L, L + 1, (n, 1), generator=g)
+    return Embedding(F.normalize(mk(n, dg), dim=-1).to(dev), mk(n, H, L, da).to(dev, dtype),
+                     F.normalize(mk(n, H, L, de), dim=-1).to(dev, dtype), mask.to(dev))
+
+
+class ScoreOnly:
+    """What scoring and the gallery read of a model (its config, geometric flag), scored by GeoRetriever.score."""
+
+    def __init__(self, cfg):
+        self.cfg, self.geometric = cfg, True
+
+    def score(self, text, image, mode="geometric"):
+        from mmgeo.models.geo_retriever import GeoRetriever
+
+        return GeoRetriever.score(self, text, image, mode)
+
+
+def section_evaluation(sec: Section, dev, dry: bool) -> None:
+    import torch
+
+    from mmgeo.kernels import use_triton
+    from mmgeo.models.registry import model_config
+    from mmgeo.retrieval import EncodedSplit
+    from mmgeo.search.build import build_gallery_from_embedding
+    from mmgeo.search.store import Gallery
+    from mmgeo.search.two_stage import evaluate_split
+
+    os.environ["MMGEO_KERNELS"] = "auto"
+    cfg = model_config("geo-vitb16-bert", image_pretrained=False, text_pretrained=False, **(TINY if dry else {}))
+    H, S, T = cfg.num_heads, (cfg.image_size // cfg.patch_size) ** 2, 8 if dry else 32
+    model = ScoreOnly(cfg)
+    dtype = torch.float32 if dry else torch.bfloat16
+    n_t, n_i = (20, 10) if dry else (5_000, 1_000)
+
+    def exact():
+        texts = random_embedding(n_t, H, T, cfg.d_a, cfg.d_e, cfg.d_global, dtype, dev, 0, min_len=4)
+        images = random_embedding(n_i, H, S, cfg.d_a, cfg.d_e, cfg.d_global, dtype, dev, 1)
+        with torch.inference_mode():
+            ms = timed(lambda: model.score(texts, images), dev, budget_s=10)
+        path = "triton" if use_triton("pair_score", texts.attn, texts.value, images.attn, images.value) else "reference"
+        return {"seconds": ms / 1e3, "pairs_per_s": n_t * n_i / ms * 1e3, "pair_score_path": path}
+
+    sec.run({"what": "exact geometric score", "captions": n_t, "images": n_i, "H": H, "T": T, "S": S,
+             "d_a": cfg.d_a, "dtype": str(dtype)[6:], "device": dev.type}, exact, need_s=5)
+    n_t, n_i, kp = (20, 10, 5) if dry else (1_000, 1_000, 100)
+
+    def two_stage():
+        texts = random_embedding(n_t, H, T, cfg.d_a, cfg.d_e, cfg.d_global, torch.float32, "cpu", 2, min_len=4)
+        images = random_embedding(n_i, H, S, cfg.d_a, cfg.d_e, cfg.d_global, torch.float32, "cpu", 3)
+        split = EncodedSplit(texts, images, torch.arange(n_t) % n_i)
+        with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
+            t0 = time.perf_counter()
+            build_gallery_from_embedding(model, images, Path(tmp) / "index", index_type="flat")
+            t1 = time.perf_counter()
+            scores, rec = evaluate_split(model, split, k_prime=kp, gallery=Gallery(Path(tmp) / "index"),
+                                         progress=False)
+            t2 = time.perf_counter()
+        assert scores.shape == (n_t, n_i)
+        return {"build_s": t1 - t0, "seconds": t2 - t1, "queries_per_s": n_t / (t2 - t1),
+                "index_type": rec["two_stage"]["index_type"]}
+
+    sec.run({"what": "two-stage (flat FAISS top-K', CPU re-rank)", "captions": n_t, "images": n_i, "k_prime": kp,
+             "H": H, "T": T, "S": S, "d_a": cfg.d_a, "dtype": "float32 (fp16 stored)", "device": "cpu"},
+            two_stage, need_s=5)
+
+
+# ------------------------------------------------------------------------------------------------------ report
+
+
+def environment(dry: bool) -> dict:
+    import torch
+
+    def cmd(*args):
+        try:
+            return subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=20).stdout.strip() or None
+        except (OSError, subprocess.SubprocessError):
+            return None
+
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    cuda = torch.cuda.is_available()
+    dirty = bool(cmd("git", "status", "--porcelain", "--untracked-files=no"))
+    return {"gpu": torch.cuda.get_device_name(0) if cuda else "none (CPU)",
+            "driver": cmd("nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader") if cuda else None,
+            "cuda": torch.version.cuda, "torch": torch.__version__, "triton": triton_version,
+            "python": sys.version.split()[0], "commit": (cmd("git", "rev-parse", "--short", "HEAD") or "?")
+            + ("+dirty" if dirty else ""), "dry_run": dry, "triton_mode": "interpreted" if dry else "compiled",
+            "exp_per_s": EXP_PER_S, "command": " ".join([Path(sys.executable).name, *sys.argv])}
+
+
+def fmt(x) -> str:
+    if isinstance(x, float):
+        return f"{x:.3g}" if abs(x) < 1e4 else f"{x:,.0f}"
+    return "" if x is None else str(x)
+
+
+def table(rows: list[dict], cols: list[str]) -> str:
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        status = r.get("status", "")
+        cells = [fmt(r.get(c)) if c != "status" else status + (f": {r.get('reason') or ''}" if
+                 status == "skipped" else f" ({(r.get('error') or '').strip().splitlines()[-1][:120]})"
+                 if status == "error" else "") for c in cols]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+COLUMNS = {"correctness": ["kernel", "case", "dtype", "config", "pass", "max_abs", "max_rel", "tol", "status"],
+           "kernel_speed": ["kernel", "shape", "pass", "impl", "ms", "time_over_triton", "triton_speedup", "tflops",
+                            "exp_bound_ms", "exp_bound_fraction", "note", "status"],
+           "training": ["model", "batch", "steps", "samples_per_s", "peak_gib", "pair_score_path", "score_inputs",
+                        "note", "status"],
+           "evaluation": ["what", "captions", "images", "k_prime", "dtype", "device", "pair_score_path", "seconds",
+                          "queries_per_s", "build_s", "status"]}
+
+
+def markdown(report: dict) -> str:
+    env = report["environment"]
+    out = ["## GPU check" + (" (dry run: CPU, interpreted Triton, tiny shapes; timings meaningless)"
+                             if env["dry_run"] else ""), "", table([env], ["gpu", "driver", "cuda", "torch", "triton",
+                                                                           "commit", "triton_mode"]), ""]
+    for name in SECTIONS:
+        sec = report[name]
+        head = f"### {name} ({sec['status']}, {fmt(sec.get('seconds'))} s of {sec.get('budget_s')} s)"
+        if name == "correctness":
+            ran = [r for r in sec["results"] if r.get("status") == "ok"]
+            head += f": {sum(bool(r.get('pass')) for r in ran)} of {len(ran)} cases that ran pass"
+        out += [head, "", table(sec["results"], COLUMNS[name]), ""]
+        if sec.get("error"):
+            out += ["```", sec["error"].strip()[-800:], "```", ""]
+    out.append(f"exp bound: exps / {EXP_PER_S:.2g} per s (`EXP_PER_S`); exp_bound_fraction = bound / measured. "
+               f"Command: `{env['command']}`.")
+    return "\n".join(out) + "\n"
+
+
+def run_sections(out: Path, dry: bool) -> dict:
+    budgets, total = (DRY_BUDGETS_S, DRY_TOTAL_S) if dry else (BUDGETS_S, TOTAL_S)
+    t0, report = time.monotonic(), {}
+    for name in SECTIONS:
+        budget = min(budgets[name], total - (time.monotonic() - t0) - 5)
+        part = out / f".{name}.json"
+        part.unlink(missing_ok=True)
+        if budget < 10:
+            report[name] = {"status": "skipped", "budget_s": budget, "error": "total time budget spent", "results": []}
+            continue
+        log(f"section {name}: budget {budget:.0f} s")
+        args = [sys.executable, __file__, "--section", name, "--budget-s", str(budget), "--out", str(out)]
+        status = None
+        proc = subprocess.Popen(args + (["--dry-run"] if dry else []), cwd=ROOT, start_new_session=True)
+        try:
+            rc = proc.wait(timeout=budget + GRACE_S)
+            status = None if rc == 0 else f"crashed (exit code {rc})"
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # the section and what it started (compile workers)
+            proc.wait()
+            status = f"timeout: killed after {budget + GRACE_S:.0f} s"
+        data = json.loads(part.read_text()) if part.exists() else {"budget_s": budget, "results": []}
+        if name == "kernel_speed":
+            speed_ratios(data["results"])
+        if status:
+            data.update(status=status, error=data.get("error") or status)
+        report[name] = data
+        part.unlink(missing_ok=True)
+    return report
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--dry-run", action="store_true", help="CPU, TRITON_INTERPRET=1, tiny shapes")
+    p.add_argument("--out", default=".", help="folder for gpu_check.json and gpu_check.md")
+    p.add_argument("--section", choices=SECTIONS, help=argparse.SUPPRESS)  # one section, in a child process
+    p.add_argument("--budget-s", type=float, default=60.0, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.dry_run:
+        os.environ["TRITON_INTERPRET"] = "1"  # before anything imports triton
+    import torch
+
+    if not args.dry_run and not torch.cuda.is_available():
+        print("no CUDA GPU: run with --dry-run on CPU", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.section:
+        sec = Section(args.section, out, args.budget_s - 3)
+        dev = torch.device("cpu" if args.dry_run else "cuda")
+        try:
+            globals()[f"section_{args.section}"](sec, dev, args.dry_run)
+            sec.save("ok")
+        except Exception as err:  # noqa: BLE001 - recorded in the JSON
+            sec.save("error", summary(err))
+        return 0
+    report = {"environment": environment(args.dry_run), **run_sections(out, args.dry_run)}
+    (out / "gpu_check.json").write_text(json.dumps(report, indent=1, default=str))
+    md = markdown(report)
+    (out / "gpu_check.md").write_text(md)
+    print(md)
+    log(f"wrote {out / 'gpu_check.json'} and {out / 'gpu_check.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
