@@ -2,7 +2,7 @@
 
 ``q_t = W2 · GELU(W1 · [h_t ; PE(r_t)])`` where ``r_t = t / (n - 1)`` is the relative position of
 real token t in its caption of n real tokens ([CLS] has r = 0, the "global overview" query) and PE
-is a sinusoidal encoding of that scalar. Padding tokens get r = 0 and are masked downstream.
+is a sinusoidal encoding of that scalar. Padding tokens get q = 0 (not computed) and are masked downstream.
 """
 
 from __future__ import annotations
@@ -44,7 +44,11 @@ class PositionAwareTextMLP(nn.Module):
         self.fc2 = nn.Linear(hidden_dim, num_heads * d_a)
 
     def forward(self, h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Queries of the real tokens; padding rows are 0 (computed only where ``mask`` is True)."""
         B, T, _ = h.shape
         pe = sinusoidal_features(relative_positions(mask).to(h.dtype), self.pos_dim)  # (B, T, pos_dim)
-        q = self.fc2(self.act(self.fc1(torch.cat([h, pe], dim=-1))))  # (B, T, H*d_a)
+        x = torch.cat([h, pe], dim=-1)[mask]  # (N, C + pos_dim): real tokens only
+        q_real = self.fc2(self.act(self.fc1(x)))  # (N, H*d_a)
+        q = q_real.new_zeros(B, T, self.num_heads * self.d_a)  # (B, T, H*d_a)
+        q[mask] = q_real
         return q.view(B, T, self.num_heads, self.d_a).transpose(1, 2)  # (B, H, T, d_a)

@@ -130,7 +130,10 @@ class GeoRetriever(nn.Module):
         q = self.query_mlp(hw, mask)  # (B, H, T, d_a)
         if self.lowrank is not None:
             q = self.lowrank(q)
-        u = self.text_value(hw).view(B, T, self.cfg.num_heads, self.cfg.d_e).transpose(1, 2)  # (B, H, T, d_e)
+        u_real = self.text_value(hw[mask])  # (N, H*d_e): real tokens only
+        u = u_real.new_zeros(B, T, u_real.shape[-1])  # (B, T, H*d_e): 0 on padding
+        u[mask] = u_real
+        u = u.view(B, T, self.cfg.num_heads, self.cfg.d_e).transpose(1, 2)  # (B, H, T, d_e)
         return Embedding(pooled, q, F.normalize(u, dim=-1), mask)
 
     def forward_image(self, pixels: torch.Tensor) -> Embedding:

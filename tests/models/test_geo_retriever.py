@@ -30,7 +30,9 @@ def test_forward_shapes(tiny_model, batch):
     assert t.attn.shape == (6, cfg.num_heads, T, cfg.d_a) and t.value.shape == (6, cfg.num_heads, T, cfg.d_e)
     S = (cfg.image_size // cfg.patch_size) ** 2
     assert i.attn.shape == (6, cfg.num_heads, S, cfg.d_a) and i.mask.shape == (6, S)
-    torch.testing.assert_close(t.value.norm(dim=-1), torch.ones(6, cfg.num_heads, T))
+    real = t.mask[:, None].expand(-1, cfg.num_heads, -1)  # (6, H, T)
+    torch.testing.assert_close(t.value.norm(dim=-1), real.float())  # unit on real tokens, 0 on padding
+    assert not t.attn[~real].any()  # padding queries are not computed
     assert tiny_model.score(t, i).shape == (6, 6) and tiny_model.score(t, i, "global").shape == (6, 6)
 
 
