@@ -55,7 +55,7 @@ DRY_BUDGETS_S = {"correctness": 60, "kernel_speed": 40, "training": 50, "evaluat
 TOTAL_S, DRY_TOTAL_S = 470, 175  # all sections together, process start-up included
 GRACE_S = 15  # past its budget a section is killed
 REPEATS = 5
-EXP_PER_S = 3.9e12  # exps/s of the special-function units of an H100/H200 SXM (FlashAttention-3 paper, §1)
+EXP_PER_S = 3.9e12  # exps/s of an H100/H200 SXM's special-function units (FlashAttention-3, Shah et al. 2024)
 TOL = {"float32": 1e-4, "float16": 3e-3, "bfloat16": 2e-2}  # as tests/kernels (fp32 under TF32: 2e-3)
 TINY = dict(text_hidden=32, text_layers=1, text_heads=2, image_embed_dim=32, image_depth=1, image_heads=2,
             image_size=32, patch_size=8, key_hidden=16, query_hidden=32, num_heads=2, d_a=8, d_e=8, d_global=16)

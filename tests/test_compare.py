@@ -1,0 +1,93 @@
+"""benchmarks/compare.py at its tiny budget: the same recipe search for both models, the best recipe written as a
+config, three seeds on test and cogent, the report; a second run reuses every run."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from mmgeo.training.config import load_train_config
+
+ROOT = Path(__file__).resolve().parents[1]
+MODELS = ("geo-tiny", "clip-tiny")
+
+
+def _compare(out: Path) -> tuple[subprocess.CompletedProcess, float]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    start = time.time()
+    res = subprocess.run([sys.executable, "benchmarks/compare.py", "--budget", "tiny", "--out", str(out)], cwd=ROOT,
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    return res, time.time() - start
+
+
+def _progress(res: subprocess.CompletedProcess, stage: str) -> list[str]:
+    return [line for line in res.stderr.splitlines() if line.startswith(f"[compare] {stage} ") and "... " in line
+            and not line.endswith("...")]
+
+
+@pytest.mark.slow
+def test_compare_tiny_searches_alike_reports_and_resumes(tmp_path):
+    out = tmp_path / "compare"
+    first, first_s = _compare(out)
+    data = json.loads((out / "compare.json").read_text())
+    models = data["models"]
+    assert list(models) == list(MODELS)
+    assert models["geo-tiny"]["geometric"] and not models["clip-tiny"]["geometric"]
+
+    # the same grid (lr × temperature × caption negatives), the same steps, for both models
+    grids = {name: [r["recipe"] for r in m["search"]] for name, m in models.items()}
+    assert grids["geo-tiny"] == grids["clip-tiny"] and len(grids["geo-tiny"]) == 4
+    assert {(r["lr"], r["temperature"], r["caption_negatives"]) for r in grids["geo-tiny"]} == {
+        (lr, 0.07, neg) for lr in (1e-3, 2e-3) for neg in (0, 2)}
+    assert data["settings"]["search_steps"] == 3 and data["settings"]["seeds"] == [0, 1, 2]
+
+    for name, m in models.items():
+        # the best recipe is the grid's highest val R@1, ties to the lower lr
+        top = max(r["val_R@1"] for r in m["search"])
+        assert m["best"]["val_R@1"] == top
+        assert m["best"]["recipe"]["lr"] == min(r["recipe"]["lr"] for r in m["search"] if r["val_R@1"] == top)
+        assert all(r["val_curves"] and 0 <= r["val_R@1"] <= 1 for r in m["search"])
+        # written under the output folder (not configs/), loadable against the schema, and it is the recipe
+        path = Path(m["recipe_config"])
+        assert path.parent == out.resolve() / "recipes" and path.name == f"compare_{name}.yaml"
+        assert path.read_text().startswith(f"# python train.py --config {path}\n")
+        cfg = load_train_config(path)
+        assert cfg.model == name and cfg.optim.lr == m["best"]["recipe"]["lr"]
+        assert cfg.data.caption_negatives == m["best"]["recipe"]["caption_negatives"]
+        assert cfg.model_args["init_temperature_global"] == m["best"]["recipe"]["temperature"]
+        assert ("init_temperature_geo" in cfg.model_args) == m["geometric"]
+        # three seeds, each evaluated on test and cogent (R@K and the suite)
+        assert [r["seed"] for r in m["final"]] == [0, 1, 2]
+        for run in m["final"]:
+            for split in ("test", "cogent"):
+                assert {"text_to_image_R@1", "image_to_text_R@10"} <= set(run[split]["metrics"])
+                assert "all_edits" in run[split]["compositional"]
+            assert run["wall_s"] > 0 and "val/global/text_to_image_R@1" in run["val_curves"]
+        assert data["summary"]["test"]["text→image R@1"][name]["seed_ids"] == [0, 1, 2]
+    assert set(data["margins"]["test"]["all edits"]) == {"geo-tiny − clip-tiny"}
+    assert len(data["margins"]["test"]["text→image R@1"]["geo-tiny − clip-tiny"]["seeds"]) == 3
+
+    md = (out / "results.md").read_text()
+    for text in ("### Recipe search", "| **lr=", "### Chosen recipes", "### test split", "### cogent split",
+                 "| text→image R@1 |", "| image→text R@10 |", "| all edits |", "### Margin, geometric − baseline",
+                 "| test | text→image R@1 | ", "### Training loss plateau", "| clip-tiny (baseline) | 2.08 |",
+                 "commit ", "python benchmarks/compare.py --budget tiny --out"):
+        assert text in md, text
+    assert (out / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    runs = 2 * (4 + 3)
+    assert len(_progress(first, "search")) + len(_progress(first, "final")) == runs
+    assert not any("reused:" in line for line in _progress(first, "search"))
+
+    # the same command again: nothing is trained or evaluated anew
+    second, second_s = _compare(out)
+    lines = _progress(second, "search") + _progress(second, "final")
+    assert len(lines) == runs and all("reused:" in line for line in lines), lines
+    again = json.loads((out / "compare.json").read_text())
+    assert all(r["reused"] for m in again["models"].values() for r in m["search"] + m["final"])
+    assert again["summary"] == data["summary"]
+    assert second_s < first_s / 2, (first_s, second_s)
