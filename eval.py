@@ -40,7 +40,7 @@ import torch
 from mmgeo.checkpoint import load_model
 from mmgeo.data import MAX_PIXELS, build_dataset
 from mmgeo.diagnostics import diagnose
-from mmgeo.metrics import DEFAULT_KS, image_to_text_ranks, retrieval_metrics, text_to_image_ranks
+from mmgeo.metrics import DEFAULT_KS, NonFiniteScores, image_to_text_ranks, retrieval_metrics, text_to_image_ranks
 from mmgeo.plots import plot_recall_curves
 from mmgeo.retrieval import encode_split, exact_scores
 from mmgeo.search.faiss_index import INDEX_TYPES
@@ -58,6 +58,22 @@ def format_table(metrics: dict[str, float], ks=DEFAULT_KS) -> str:
     lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
     lines.insert(1, "-" * len(lines[0]))
     return "\n".join(lines)
+
+
+def nonfinite_diagnostics(model, split) -> str:
+    """A line for the non-finite scores error: the attention diagnostics of the first images, when computable."""
+    if not model.geometric:
+        return ""
+    keep = split.text_to_image < DIAGNOSTIC_IMAGES
+    try:
+        report = diagnose(model, split.texts[keep.to(split.texts.pooled.device)], split.images,
+                          split.text_to_image[keep], warn=False)
+    except Exception as err:  # noqa: BLE001 — the diagnostics of a broken model may fail too; say so
+        return f"\nattention diagnostics failed as well: {type(err).__name__}: {err}"
+    lg = report["logits"]
+    return (f"\nattention diagnostics (first {DIAGNOSTIC_IMAGES} images): logits {lg['min']:.3g} .. {lg['max']:.3g}, "
+            f"q std {lg['q_std']:.3g}, k std {lg['k_std']:.3g}"
+            + "".join(f"\n  {w}" for w in report["warnings"]))
 
 
 def evaluate_compositional(args, model) -> dict:
@@ -161,7 +177,10 @@ def evaluate(args) -> dict:
         i2t = t2i  # image->text read from the same text->image candidates (record["measured"])
         result.update(record)
     score_s = time.time() - start - encode_s
-    result["metrics"] = retrieval_metrics(t2i, split.text_to_image, scores_i2t=i2t)
+    try:
+        result["metrics"] = retrieval_metrics(t2i, split.text_to_image, scores_i2t=i2t)
+    except NonFiniteScores as err:  # no R@K from NaN / inf scores: exit with the counts and what diagnostics say
+        raise SystemExit(f"{err}{nonfinite_diagnostics(model, split)}") from err
     if args.plot:
         ranks = {"text -> image": text_to_image_ranks(t2i, split.text_to_image),
                  "image -> text": image_to_text_ranks(i2t, split.text_to_image)}

@@ -2,10 +2,13 @@
 
     python train.py --config configs/synthetic.yaml [--trainer.max_steps 300 --model_args.d_a 64 ...]
     python train.py --config configs/synthetic.yaml --resume          # continue from the last step checkpoint
+    python train.py --config configs/synthetic.yaml --overwrite       # replace the run already in runs/<name>/
 
 Writes under runs/<name>/: config.yaml (the resolved config), metrics.csv (losses, temperatures,
 validation R@K), checkpoints/ (step checkpoints, written atomically, for --resume), model.pt (for
-eval.py / load_model), samples.tsv (with trainer.log_samples: the items of every step).
+eval.py / load_model), samples.tsv (with trainer.log_samples: the items of every step). A folder that already
+holds a run (model.pt, step checkpoints or metrics.csv) is refused unless --resume or --overwrite is given;
+--overwrite removes only those outputs, never other files in the folder.
 """
 
 from __future__ import annotations

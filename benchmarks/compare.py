@@ -252,7 +252,8 @@ def train_run(config: str, overrides: list[str], run_dir: Path) -> tuple[str, fl
     if list((run_dir / "checkpoints").glob("step=*.ckpt")):
         argv.append("--resume")
         how = f"resumed from {training.latest_checkpoint(run_dir).name}"
-    elif run_dir.exists():
+    elif training.existing_run(run_dir):  # a metrics.csv only: killed before its first checkpoint
+        argv.append("--overwrite")  # replaces what training wrote, keeps wall.csv / results (rewritten anyway)
         log(f"{run_dir} has no model.pt and no step checkpoint: training it again (its metrics.csv is replaced)")
     start = time.time()
     training.train(argv, callbacks=[wall_clock(run_dir)])

@@ -7,7 +7,8 @@ Each d_a trains in its own subprocess (mmgeo.training.train with configs/synthet
 scores the synthetic test split exactly (eval.py's protocol; first ``--limit`` images, 5 captions each). Peak memory is
 that subprocess's ru_maxrss: the peak resident set of training + evaluation in one fresh process (DataLoader
 workers, whose memory does not depend on d_a, are not included; the Python/torch baseline is). Extra
-``--a.b value`` arguments are passed to train.py as overrides. Writes docs/sweep_da.md and docs/sweep_da.png.
+``--a.b value`` arguments are passed to train.py as overrides. Writes docs/sweep_da.md and docs/sweep_da.png; a rerun
+replaces the run folders <out-dir>/da<d_a> (train.py --overwrite: other files there are kept).
 """
 
 from __future__ import annotations
@@ -56,7 +57,8 @@ def worker(spec: dict) -> dict:
 
 def run_point(d_a: int, args, overrides: list[str]) -> dict:
     train_args = ["--config", args.config, "--data.val_size", "0", *overrides, "--out_dir", args.out_dir,
-                  "--name", f"da{d_a}", "--model_args.d_a", str(d_a)]  # the sweep's own settings win
+                  "--name", f"da{d_a}", "--model_args.d_a", str(d_a),  # the sweep's own settings win
+                  "--overwrite"]  # every point is measured anew: a rerun replaces its run folder
     if args.steps:
         train_args += ["--trainer.max_steps", str(args.steps)]
     spec = {"d_a": d_a, "limit": args.limit, "train_args": train_args}

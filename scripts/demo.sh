@@ -2,10 +2,11 @@
 # The main job on the embedded default: install, train geo-tiny on the synthetic shapes world (CPU),
 # evaluate on its 1,000-image test split: the R@K table, then the compositional suite (true caption vs
 # minimally edited caption, per edit type) on its first 300 images. Extra arguments go to train.py.
+# Each run replaces runs/synthetic (train.py --overwrite: only what training writes; other files there stay).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
 export HF_HUB_OFFLINE=1
-.venv/bin/python train.py --config configs/synthetic.yaml "$@"
+.venv/bin/python train.py --config configs/synthetic.yaml --overwrite "$@"
 .venv/bin/python eval.py --ckpt runs/synthetic/model.pt --data synthetic --split test --suite all --suite-limit 300 \
   --out runs/synthetic/results.json --plot runs/synthetic/recall.png

@@ -1,15 +1,18 @@
 """The search service: FastAPI app over a gallery index (``mmgeo.search``) and its model.
 
 Endpoints: POST /search, POST /search/image, GET /images/{id}, GET /explain, GET /health, GET /metrics,
-GET / (web page). Every bad input is a 4xx with ``{"error": "..."}`` naming the problem.
+GET / (web page). Every bad input is a 4xx with ``{"error": "..."}`` naming the problem; an internal error is a
+500 ``{"error": "internal error", "request_id": "<hex>"}`` whose traceback is logged (``serve.app``) under that id.
 """
 
 from __future__ import annotations
 
 import asyncio
 import io
+import logging
 import mimetypes
 import re
+import uuid
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +32,7 @@ from serve.guard import BodySizeGuard
 from serve.metrics import Metrics, MetricsMiddleware
 
 PAGE = Path(__file__).with_name("page.html")
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -130,7 +134,12 @@ def create_app(index_dir, model=None, ckpt=None, limits: Limits | None = None) -
 
     @app.exception_handler(Exception)
     async def _crash(request: Request, err: Exception):
-        return JSONResponse({"error": f"internal error: {type(err).__name__}: {err}"}, status_code=500)
+        """The client gets an id, never the exception's text; the log gets the traceback under that id."""
+        request_id = uuid.uuid4().hex
+        log.error("internal error, request_id=%s, %s %r", request_id, request.method, request.url.path[:200],
+                  exc_info=err)
+        return JSONResponse({"error": "internal error", "request_id": request_id}, status_code=500,
+                            headers={"X-Request-ID": request_id})
 
     def result_rows(ids, scores):
         return [{"id": int(i), "score": float(s), "url": f"/images/{int(i)}"} for i, s in zip(ids, scores)]

@@ -1,5 +1,9 @@
 """Attention heatmaps: which patches each caption word looks at (docs/design.md §2,
-a_tj = softmax_j <q_t, k_j>/sqrt(d_a))."""
+a_tj = softmax_j <q_t, k_j>/sqrt(d_a)).
+
+Drawn with matplotlib's object API (a ``Figure`` and its own Agg canvas per request), never pyplot: requests
+render concurrently in worker threads, and pyplot's global figure state is not thread-safe.
+"""
 
 from __future__ import annotations
 
@@ -16,10 +20,8 @@ MAX_PANELS = 24  # words drawn at most (a caption rarely has more)
 
 def explain_png(model, gallery, image_id: int, text: str, image=None) -> bytes:
     """PNG: one panel per caption token, the image with that token's attention over the patch grid."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
     tok = model.tokenize([text])
     emb = model.encode_text([text])
@@ -37,7 +39,9 @@ def explain_png(model, gallery, image_id: int, text: str, image=None) -> bytes:
     pic = np.asarray(image.convert("RGB")) if image is not None else np.full((rows_, cols_, 3), 128, np.uint8)
     cols = min(6, len(panels))
     rows = math.ceil(len(panels) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(2.0 * cols, 2.2 * rows), dpi=80, squeeze=False)
+    fig = Figure(figsize=(2.0 * cols, 2.2 * rows), dpi=80)
+    FigureCanvasAgg(fig)  # this figure's own canvas: no global state shared with other requests
+    axes = fig.subplots(rows, cols, squeeze=False)
     for ax in axes.flat:
         ax.axis("off")
     for ax, (word, a) in zip(axes.flat, panels):
@@ -49,5 +53,4 @@ def explain_png(model, gallery, image_id: int, text: str, image=None) -> bytes:
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
-    plt.close(fig)
     return buf.getvalue()

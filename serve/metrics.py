@@ -1,4 +1,8 @@
-"""Prometheus text-format metrics: request counts by endpoint and status, latency histograms, index size."""
+"""Prometheus text-format metrics: request counts by endpoint and status, latency histograms, index size.
+
+Labels are bounded whatever clients send: the method is one of ``METHODS`` or "other", the endpoint the matched
+route's template (``/images/{raw_id:path}``, not the raw path) or "unmatched".
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ import time
 from collections import defaultdict
 
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+METHODS = frozenset({"GET", "POST", "HEAD", "OPTIONS"})  # labelled as themselves; any other method is "other"
 
 
 class Metrics:
@@ -46,7 +51,8 @@ class Metrics:
 
 
 class MetricsMiddleware:
-    """Pure ASGI middleware: times every HTTP request and labels it by its route template (not the raw path)."""
+    """Pure ASGI middleware: times every HTTP request and labels it by a known method and its route template
+    (not the raw method and path: a client must not create series)."""
 
     def __init__(self, app, metrics: Metrics):
         self.app, self.metrics = app, metrics
@@ -66,4 +72,5 @@ class MetricsMiddleware:
         finally:
             route = scope.get("route")
             endpoint = getattr(route, "path", None) or "unmatched"
-            self.metrics.observe(scope["method"], endpoint, status[0], time.perf_counter() - start)
+            method = scope["method"] if scope["method"] in METHODS else "other"
+            self.metrics.observe(method, endpoint, status[0], time.perf_counter() - start)

@@ -91,3 +91,29 @@ def test_compare_tiny_searches_alike_reports_and_resumes(tmp_path):
     assert all(r["reused"] for m in again["models"].values() for r in m["search"] + m["final"])
     assert again["summary"] == data["summary"]
     assert second_s < first_s / 2, (first_s, second_s)
+
+
+def test_a_run_killed_before_its_first_checkpoint_is_trained_again(tmp_path, monkeypatch):
+    """A folder with a metrics.csv but no model.pt and no step checkpoint: trained again over it (--overwrite),
+    not refused as an existing run; its other files stay."""
+    import importlib.util
+
+    from tests.conftest import TINY
+
+    spec = importlib.util.spec_from_file_location("compare", ROOT / "benchmarks" / "compare.py")
+    compare = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "compare", compare)  # its dataclasses look their module up
+    spec.loader.exec_module(compare)
+    run = tmp_path / "run"
+    overrides = ["--trainer.max_steps", "2", "--trainer.batch_size", "8", "--data.train_size", "16",
+                 "--data.val_size", "0", "--data.num_workers", "0", "--aids.diagnostics_every_n_steps", "0",
+                 "--trainer.checkpoint_every_n_steps", "0", "--trainer.log_every_n_steps", "1",
+                 "--out_dir", str(tmp_path), "--name", "run",
+                 *[x for k, v in TINY.items() for x in (f"--model_args.{k}", str(v))]]
+    run.mkdir()
+    (run / "metrics.csv").write_text("step,train/loss\n0,9.0\n")
+    (run / "notes.txt").write_text("kept")
+    how, _ = compare.train_run("configs/synthetic.yaml", overrides, run)
+    assert how == "trained" and (run / "model.pt").is_file() and (run / "notes.txt").read_text() == "kept"
+    assert "9.0" not in (run / "metrics.csv").read_text()
+    assert compare.train_run("configs/synthetic.yaml", overrides, run)[0] == "reused"

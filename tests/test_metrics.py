@@ -1,10 +1,12 @@
+import re
+
 import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mmgeo.metrics import image_to_text_ranks, retrieval_metrics, text_to_image_ranks
+from mmgeo.metrics import NonFiniteScores, image_to_text_ranks, retrieval_metrics, text_to_image_ranks
 
 
 def brute_force(scores, owner):
@@ -61,3 +63,51 @@ def test_shape_errors():
         retrieval_metrics(torch.zeros(4, 2), torch.zeros(3, dtype=torch.long))
     with pytest.raises(ValueError, match="at least one caption"):
         image_to_text_ranks(torch.zeros(2, 3), torch.tensor([0, 1]))
+
+
+def _owner_and_finite(n_images=4, caps=2, seed=0):
+    owner = torch.arange(n_images).repeat_interleave(caps)
+    return owner, torch.randn(len(owner), n_images, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("fn", [text_to_image_ranks, image_to_text_ranks, retrieval_metrics])
+def test_all_nan_scores_are_refused_not_perfect(fn):
+    """NaN compares false with everything: unchecked, the true item would rank first (R@1 = 1)."""
+    owner, _ = _owner_and_finite()
+    with pytest.raises(NonFiniteScores, match=r"^32 of 32 scores are not finite \(NaN 32\): captions "
+                                              r"\[0, 1, 2, 3, 4 …\], images \[0, 1, 2, 3\]; the model produced"):
+        fn(torch.full((8, 4), float("nan")), owner)
+
+
+@pytest.mark.parametrize("value, kind", [(float("nan"), "NaN"), (float("inf"), "+inf"), (float("-inf"), "-inf")])
+def test_some_non_finite_scores_are_counted_and_located(value, kind):
+    owner, scores = _owner_and_finite()
+    scores[3, 1] = scores[6, 2] = scores[6, 3] = value
+    for fn in (text_to_image_ranks, image_to_text_ranks, retrieval_metrics):
+        with pytest.raises(ValueError, match=rf"^3 of 32 scores are not finite \({re.escape(kind)} 3\): "
+                                             r"captions \[3, 6\], images \[1, 2, 3\];.*lower lr"):
+            fn(scores, owner)
+
+
+def test_mixed_non_finite_kinds_are_each_counted():
+    owner, scores = _owner_and_finite()
+    scores[0, 0], scores[1, 0], scores[2, 1], scores[7, 3] = float("nan"), float("inf"), float("inf"), float("-inf")
+    with pytest.raises(NonFiniteScores, match=r"4 of 32 scores are not finite \(NaN 1, \+inf 2, -inf 1\): "
+                                              r"captions \[0, 1, 2, 7\], images \[0, 1, 3\]"):
+        retrieval_metrics(scores, owner)
+
+
+def test_non_finite_image_to_text_scores_are_refused_too():
+    owner, scores = _owner_and_finite()
+    i2t = scores.clone()
+    i2t[5, 0] = float("nan")
+    with pytest.raises(NonFiniteScores, match="1 of 32"):
+        retrieval_metrics(scores, owner, scores_i2t=i2t)
+
+
+def test_finite_ties_still_count_against_the_model():
+    owner = torch.tensor([0, 0, 1, 1])
+    scores = torch.tensor([[1.0, 1.0], [2.0, 0.0], [0.5, 0.5], [0.0, 3.0]])  # captions 0 and 2 tie
+    assert text_to_image_ranks(scores, owner).tolist() == [2, 1, 2, 1]
+    m = retrieval_metrics(scores, owner)
+    assert m["text_to_image_R@1"] == 0.5

@@ -1,15 +1,24 @@
 """Kernel dispatch shared by ``pair_score`` and ``geo_attention``. Imports triton only when asked to.
 
 ``MMGEO_KERNELS`` (read at every call):
-    auto       (default) Triton for CUDA tensors of a supported dtype when triton imports, reference otherwise
-    triton     Triton always; CPU tensors need ``TRITON_INTERPRET=1`` (how the kernel tests run)
+    auto       (default) Triton for CUDA tensors of a supported dtype when triton imports, reference otherwise;
+               each kernel variant checks itself first (``self_checked``) and falls back to the reference
+    triton     Triton always, unchecked: failures raise; CPU tensors need ``TRITON_INTERPRET=1`` (the kernel tests)
     reference  the plain-PyTorch reference on every device
+
+Self-check (``auto`` only, docs/design.md §4): the first call of a kernel per class (kernel, dtype, device, the
+kernel's compiled variant: the power-of-two padded dims and flags it is specialised on) runs the Triton forward
+on a small input of the call's dims next to the reference. A mismatch beyond ``SELF_CHECK_TOL`` or any exception
+(a failed compile) warns once and sends that class to the reference for the rest of the process.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import threading
+import warnings
+from collections.abc import Callable
 
 import torch
 
@@ -17,6 +26,10 @@ BACKENDS = ("auto", "triton", "reference")
 GPU_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 INTERPRETER_DTYPES = (torch.float32, torch.float16)  # the interpreter mis-computes bf16 tl.dot
 MAX_GRID_Y = 65_535  # CUDA grid axes 1 and 2 hold at most this many blocks: larger batches are launched in parts
+# Self-check tolerance relative to the reference's magnitude (as tests/kernels/tolerance.py): fp32 may run TF32.
+SELF_CHECK_TOL = {torch.float32: 2e-3, torch.float16: 3e-3, torch.bfloat16: 2e-2}
+SELF_CHECKS: dict[tuple, bool] = {}  # (kernel, dtype, device, variant) -> the Triton path passed its self-check
+_SELF_CHECK_LOCK = threading.Lock()
 
 
 def kernel_backend() -> str:
@@ -59,6 +72,54 @@ def use_triton(name: str, *tensors: torch.Tensor) -> bool:
         raise TypeError(f"the Triton {name} takes {', '.join(str(d) for d in allowed)} here, got {dtype}; "
                         f"cast the inputs or set MMGEO_KERNELS=reference")
     return True
+
+
+def next_power_of_2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+def scaled_deviation(actual: torch.Tensor, expected: torch.Tensor, tol: float) -> tuple[bool, float]:
+    """(within tolerance, max |actual - expected| / max|expected|), compared in float64.
+
+    Within: |a - e| <= tol · max|e| + tol · |e| everywhere and every value finite (tests/kernels/tolerance.py).
+    """
+    a, e = actual.detach().double(), expected.detach().double()
+    scale = max(e.abs().max().item() if e.numel() else 0.0, 1e-6)
+    if not bool(torch.isfinite(a).all()):
+        return False, float("inf")
+    err = (a - e).abs()
+    return bool((err <= tol * scale + tol * e.abs()).all()), err.max().item() / scale if err.numel() else 0.0
+
+
+def self_checked(name: str, dtype: torch.dtype, device: torch.device, variant: tuple,
+                 probe: Callable[[], tuple[torch.Tensor, torch.Tensor]]) -> bool:
+    """Whether the Triton ``name`` may serve this class under ``MMGEO_KERNELS=auto``; checked once per process.
+
+    ``probe()`` -> (Triton output, reference output) on a small input; run without autograd or autocast. On a
+    mismatch or any exception this warns once (kernel, dtype, deviation or error) and returns False from then on.
+    """
+    key = (name, str(dtype).removeprefix("torch."), str(device), variant)
+    ok = SELF_CHECKS.get(key)
+    if ok is not None:
+        return ok
+    with _SELF_CHECK_LOCK:
+        if key in SELF_CHECKS:  # another thread checked it meanwhile
+            return SELF_CHECKS[key]
+        tol = SELF_CHECK_TOL.get(dtype, 2e-2)
+        try:
+            with torch.no_grad(), torch.autocast(device.type, enabled=False):
+                got, want = probe()
+            ok, dev = scaled_deviation(got, want, tol)
+            why = f"max deviation {dev:.3g} × max|reference| (tolerance {tol:g})"
+        except Exception as err:  # noqa: BLE001 - a failed compile or launch: fall back, do not crash the caller
+            ok, why = False, f"{type(err).__name__}: {str(err)[:500]}"
+        if not ok:
+            warnings.warn(f"mmgeo: the Triton {name} kernel failed its self-check for {key[1]} on {key[2]} "
+                          f"(variant {variant}): {why}. The plain-PyTorch reference is used for this class from now "
+                          f"on; MMGEO_KERNELS=triton runs the kernel regardless, =reference skips it.",
+                          RuntimeWarning, stacklevel=4)  # the caller of the public function
+        SELF_CHECKS[key] = ok
+    return ok
 
 
 def autotune_configs(table, m_name: str, n_name: str, interpreted=(16, 16, 1, 1)) -> list:

@@ -16,13 +16,19 @@ gradient, in both implementations; PyTorch's SDPA returns NaN there.
 The Triton kernels (``_geo_attention_triton``, imported only when used) follow FlashAttention-2
 (Dao 2023): online softmax forward saving the row log-sum-exp, and a backward that recomputes the
 weights. ``geo_attention`` picks the path with ``MMGEO_KERNELS`` = auto | triton | reference.
+
+Self-check (``auto`` only): the first call per class — dtype, device and the compiled forward variant
+(d_a, d_v padded to powers of two as the kernel pads them; causal; padding mask or not) — runs the Triton
+forward on 2 × min(H, 2) heads of the call's N, M (each at most 1024), d_a, d_v next to
+``geo_attention_reference``; on a mismatch or an exception it warns once and that class runs the
+reference from then on. ``MMGEO_KERNELS=triton`` skips the check: failures raise.
 """
 
 from __future__ import annotations
 
 import torch
 
-from mmgeo.kernels._common import MAX_GRID_Y, use_triton
+from mmgeo.kernels._common import MAX_GRID_Y, kernel_backend, next_power_of_2, self_checked, use_triton
 from mmgeo.kernels.scale import attention_scale
 
 
@@ -86,18 +92,44 @@ class _GeoAttentionTriton(torch.autograd.Function):
         return dq, dk, dv, None, None, None
 
 
+def _self_check(H: int, N: int, M: int, d_a: int, d_v: int, padded: bool, causal: bool, dtype, device,
+                scale: float) -> bool:
+    """``MMGEO_KERNELS=auto``: whether the Triton forward passed its check for this class (``_common.self_checked``)."""
+    variant = (max(16, next_power_of_2(d_a)), max(16, next_power_of_2(d_v)), causal, padded)
+
+    def probe():
+        from mmgeo.kernels._geo_attention_triton import geo_attention_fwd
+
+        g, h, n, m = torch.Generator().manual_seed(0), min(H, 2), min(N, 1024), min(M, 1024)
+        mk = lambda *shape: torch.randn(*shape, generator=g).to(device, dtype)  # noqa: E731
+        q, k, v = mk(2, h, n, d_a), mk(2, h, m, d_a), mk(2, h, m, d_v)
+        kpm = None
+        if padded:
+            kpm = torch.rand(2, m, generator=g) < 0.25  # (2, m) True = padding, anywhere
+            kpm[:, 0] = False
+            kpm = kpm.to(device)
+        got = geo_attention_fwd(q, k, v, kpm, causal, scale)[0]  # (2, h, n, d_v)
+        return got, geo_attention_reference(q, k, v, kpm, causal=causal, scale=scale)
+
+    return self_checked("geo_attention", dtype, device, variant, probe)
+
+
 def geo_attention(q, k, v, key_padding_mask=None, causal: bool = False, scale: float | None = None) -> torch.Tensor:
     """Public entry point: attention (B, H, N, d_v), differentiable in q, k and v.
 
     Runs the Triton kernel or the reference as ``MMGEO_KERNELS`` says (default auto: Triton for CUDA
-    tensors in fp32 / fp16 / bf16 when triton imports).
+    tensors in fp32 / fp16 / bf16 when triton imports, once its self-check passed).
     """
     _check(q, k, v, key_padding_mask)
     if not use_triton("geo_attention", q, k, v):
         return geo_attention_reference(q, k, v, key_padding_mask, causal=causal, scale=scale)
     dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)  # e.g. mixed under autocast
-    q, k, v = (x.to(dtype) if x.stride(-1) == 1 else x.to(dtype).contiguous() for x in (q, k, v))
     scale = attention_scale(q.shape[-1], scale)
+    if kernel_backend() == "auto" and not _self_check(q.shape[1], q.shape[2], k.shape[2], q.shape[-1], v.shape[-1],
+                                                      key_padding_mask is not None, bool(causal), dtype, q.device,
+                                                      scale):
+        return geo_attention_reference(q, k, v, key_padding_mask, causal=causal, scale=scale)
+    q, k, v = (x.to(dtype) if x.stride(-1) == 1 else x.to(dtype).contiguous() for x in (q, k, v))
     per_launch = max(1, MAX_GRID_Y // q.shape[1])  # the kernels put B·H on a CUDA grid axis of at most 65,535
     if q.shape[0] <= per_launch:
         return _GeoAttentionTriton.apply(q, k, v, key_padding_mask, bool(causal), scale)

@@ -25,6 +25,12 @@ online softmax (Dao et al. 2022) over patch tiles with the <u, v> GEMM fused in,
 backward; they never write B_t·B_i·T·S weights, only two floats per (image, head, caption, token)
 for backward (FlashAttention's log-sum-exp trick). ``pair_score`` picks the path with
 ``MMGEO_KERNELS`` = auto | triton | reference (see ``mmgeo.kernels._common``).
+
+Self-check (``auto`` only): the first call per class — dtype, device and the compiled forward variant
+(T, d_a, d_e padded to powers of two as the kernel pads them; whether backward statistics are stored) —
+runs the Triton forward on 3 captions × 2 images of the call's H, T, S (at most 512), d_a, d_e next to
+``pair_score_reference``; on a mismatch or an exception it warns once and that class runs the reference
+from then on. ``MMGEO_KERNELS=triton`` skips the check: failures raise.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from __future__ import annotations
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from mmgeo.kernels._common import MAX_GRID_Y, use_triton
+from mmgeo.kernels._common import MAX_GRID_Y, kernel_backend, next_power_of_2, self_checked, use_triton
 from mmgeo.kernels.scale import attention_scale
 
 DEFAULT_CHUNK_ELEMENTS = 1 << 26  # attention weights alive at once under autograd (256 MiB in fp32)
@@ -286,13 +292,33 @@ def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
+def _self_check(H: int, T: int, S: int, d_a: int, d_e: int, dtype, device, scale: float, stats: bool) -> bool:
+    """``MMGEO_KERNELS=auto``: whether the Triton forward passed its check for this class (``_common.self_checked``)."""
+    variant = (next_power_of_2(T), max(16, next_power_of_2(d_a)), max(16, next_power_of_2(d_e)), stats)
+
+    def probe():
+        from mmgeo.kernels._pair_score_triton import pair_score_fwd
+
+        g, s = torch.Generator().manual_seed(0), min(S, 512)
+        mk = lambda *shape: torch.randn(*shape, generator=g).to(device, dtype)  # noqa: E731
+        q, u, k, v = mk(3, H, T, d_a), mk(3, H, T, d_e), mk(2, H, s, d_a), mk(2, H, s, d_e)
+        q_mask = (torch.arange(T)[None] < torch.tensor([[T], [max(1, T // 2)], [1]])).to(device)  # (3, T)
+        k_mask = torch.rand(2, s, generator=g) > 0.25  # (2, s): holes anywhere
+        k_mask[:, 0] = True
+        k_mask = k_mask.to(device)
+        got = pair_score_fwd(q, q_mask, u, k, k_mask, v, scale, store_stats=stats)[0]  # (3, 2) fp32
+        return got, pair_score_reference(q, q_mask, u, k, k_mask, v, scale=scale)
+
+    return self_checked("pair_score", dtype, device, variant, probe)
+
+
 def pair_score(q, q_mask, u, k, k_mask, v, scale: float | None = None,
                chunk_elements: int = DEFAULT_CHUNK_ELEMENTS) -> torch.Tensor:
     """Public entry point: geometric score (B_t, B_i), differentiable in q, u, k and v.
 
     Runs the fused Triton kernel or the chunked reference as ``MMGEO_KERNELS`` says (default auto:
-    Triton for CUDA tensors in fp32 / fp16 / bf16 when triton imports). ``chunk_elements`` bounds the
-    reference's blocks only.
+    Triton for CUDA tensors in fp32 / fp16 / bf16 when triton imports, once its self-check passed).
+    ``chunk_elements`` bounds the reference's blocks only.
     """
     if not use_triton("pair_score", q, u, k, v):
         return pair_score_reference(q, q_mask, u, k, k_mask, v, scale=scale, chunk_elements=chunk_elements)
@@ -301,8 +327,13 @@ def pair_score(q, q_mask, u, k, k_mask, v, scale: float | None = None,
         raise ValueError(f"all inputs must be on one device; got q, q_mask, u, k, k_mask, v on "
                          f"{[str(x.device) for x in (q, q_mask, u, k, k_mask, v)]}: move them first")
     dtype = torch.promote_types(torch.promote_types(q.dtype, u.dtype), torch.promote_types(k.dtype, v.dtype))
-    q, u, k, v = (_last_dim_contiguous(x.to(dtype)) for x in (q, u, k, v))  # one dtype (mixed under autocast)
     scale = attention_scale(q.shape[-1], scale)
+    if kernel_backend() == "auto":
+        stats = torch.is_grad_enabled() and any(x.requires_grad for x in (q, u, k, v))
+        (_, H, T, d_a), S, d_e = q.shape, k.shape[2], u.shape[-1]
+        if not _self_check(H, T, S, d_a, d_e, dtype, q.device, scale, stats):
+            return pair_score_reference(q, q_mask, u, k, k_mask, v, scale=scale, chunk_elements=chunk_elements)
+    q, u, k, v = (_last_dim_contiguous(x.to(dtype)) for x in (q, u, k, v))  # one dtype (mixed under autocast)
     if k.shape[0] <= MAX_GRID_Y:  # the kernels put B_i on a CUDA grid axis of at most 65,535
         return _PairScoreTriton.apply(q, q_mask, u, k, k_mask, v, scale)
     return torch.cat([_PairScoreTriton.apply(q, q_mask, u, k[c:c + MAX_GRID_Y], k_mask[c:c + MAX_GRID_Y],

@@ -4,7 +4,7 @@
     module     RetrievalModule (loss, training aids, non-finite step skipping), step_seed
     callbacks  SkippedReport, AttentionDiagnostics, ValidationRecall
     io         AtomicCheckpointIO, RunCSVLogger, latest_checkpoint
-    loop       train(argv) / fit(cfg): loader, callbacks, Trainer, run folder
+    loop       train(argv) / fit(cfg): loader, callbacks, Trainer, run folder (refused when it holds a run)
 
 Imports are lazy, so ``import mmgeo.training`` does no work.
 """
@@ -18,7 +18,7 @@ _EXPORTS = {
     **dict.fromkeys(["SkippedReport", "AttentionDiagnostics", "ValidationRecall"], "mmgeo.training.callbacks"),
     **dict.fromkeys(["AtomicCheckpointIO", "RunCSVLogger", "latest_checkpoint"], "mmgeo.training.io"),
     **dict.fromkeys(["ResumableLoader", "build_loader", "build_callbacks", "build_trainer", "fit", "parse_args",
-                     "train"], "mmgeo.training.loop"),
+                     "train", "RUN_OUTPUTS", "existing_run", "prepare_run_dir"], "mmgeo.training.loop"),
 }
 
 __all__ = sorted(_EXPORTS)

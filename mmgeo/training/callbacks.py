@@ -10,8 +10,9 @@ import warnings
 import lightning as L
 
 from mmgeo.diagnostics import diagnose, scalars
-from mmgeo.metrics import retrieval_metrics
+from mmgeo.metrics import NonFiniteScores, retrieval_metrics
 from mmgeo.retrieval import encode_split, exact_scores
+from mmgeo.training.module import NonFiniteTraining
 
 
 class SkippedReport(L.Callback):
@@ -65,7 +66,8 @@ class AttentionDiagnostics(L.Callback):
 
 
 class ValidationRecall(L.Callback):
-    """Text->image and image->text R@K on a val subset every N steps and at the end."""
+    """Text->image and image->text R@K on a val subset every N steps and at the end; non-finite val scores stop
+    training (NonFiniteTraining) rather than log a recall."""
 
     def __init__(self, dataset, every_n_steps: int):
         self.dataset, self.every = dataset, every_n_steps
@@ -76,11 +78,16 @@ class ValidationRecall(L.Callback):
         model.eval()
         split = encode_split(model, self.dataset, progress=False)
         metrics = {}
-        for mode in ("global", "geometric") if model.geometric else ("global",):
-            m = retrieval_metrics(exact_scores(model, split.texts, split.images, mode, progress=False),
-                                  split.text_to_image)
-            metrics.update({f"val/{mode}/{k}": v for k, v in m.items() if "R@" in k})
-        model.train(was_training)
+        try:
+            for mode in ("global", "geometric") if model.geometric else ("global",):
+                m = retrieval_metrics(exact_scores(model, split.texts, split.images, mode, progress=False),
+                                      split.text_to_image)
+                metrics.update({f"val/{mode}/{k}": v for k, v in m.items() if "R@" in k})
+        except NonFiniteScores as err:  # every rank scores the same val set: all stop together
+            raise NonFiniteTraining(f"training stopped at step {trainer.global_step}: validation ({mode} score) "
+                                    f"got non-finite scores, no recall logged. {err}") from err
+        finally:
+            model.train(was_training)
         if trainer.logger is not None:
             trainer.logger.log_metrics(metrics, step=trainer.global_step)
             trainer.logger.save()

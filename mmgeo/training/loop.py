@@ -4,12 +4,15 @@
     fit(load_train_config("configs/synthetic.yaml"), resume="last")            # the same from a config
 
 Writes under <out_dir>/<name>/: config.yaml (the resolved config), metrics.csv, checkpoints/ (atomic step
-checkpoints, for resume), model.pt (for eval.py / load_model), samples.tsv (with trainer.log_samples).
+checkpoints, for resume), model.pt (for eval.py / load_model), samples.tsv (with trainer.log_samples) — the
+RUN_OUTPUTS. A folder that already holds a run is refused unless the run is resumed or ``overwrite`` is given.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
 import time
 from pathlib import Path
 
@@ -26,6 +29,10 @@ from mmgeo.training.callbacks import AttentionDiagnostics, SkippedReport, Valida
 from mmgeo.training.config import TrainConfig, load_train_config
 from mmgeo.training.io import AtomicCheckpointIO, RunCSVLogger, checkpoint_step, latest_checkpoint
 from mmgeo.training.module import NonFiniteTraining, RetrievalModule
+
+# What a training run writes in its folder (hparams.yaml: Lightning's CSV logger, when hyperparameters are logged);
+# --overwrite removes these and nothing else.
+RUN_OUTPUTS = ("model.pt", "config.yaml", "metrics.csv", "checkpoints", "samples.tsv", "hparams.yaml")
 
 
 class ResumableLoader(DataLoader):
@@ -100,14 +107,50 @@ def resume_checkpoint(run_dir: Path, resume: str | None) -> Path | None:
     return ckpt
 
 
-def fit(cfg: TrainConfig, resume: str | None = None, callbacks: list | None = None) -> Path:
+def existing_run(run_dir: Path) -> list[str]:
+    """What of an earlier run ``run_dir`` holds: model.pt, step checkpoints, metrics.csv (empty: no run)."""
+    held = ["model.pt"] if (run_dir / "model.pt").is_file() else []
+    steps = sorted(p.name for p in (run_dir / "checkpoints").glob("step=*.ckpt"))
+    if steps:
+        held.append(f"checkpoints/ ({len(steps)} step checkpoint{'s' if len(steps) > 1 else ''}, newest {steps[-1]})")
+    return held + (["metrics.csv"] if (run_dir / "metrics.csv").is_file() else [])
+
+
+def prepare_run_dir(run_dir: Path, resume: str | None = None, overwrite: bool = False) -> None:
+    """Refuse a run folder that already holds a run unless it is resumed or ``overwrite``; with ``overwrite``,
+    remove its RUN_OUTPUTS (never other files). Every rank checks — nothing a run writes that counts as a run
+    exists before all ranks have started — and only rank 0 removes."""
+    if resume is not None and overwrite:
+        raise SystemExit("--resume continues the run in the folder, --overwrite replaces it: give one, not both")
+    held = existing_run(run_dir)
+    if not held or resume is not None:
+        return
+    if not overwrite:
+        raise SystemExit(f"run folder {run_dir} already holds a run ({', '.join(held)}); train under another name "
+                         "(--name OTHER), continue it (--resume), or replace it (--overwrite: removes "
+                         f"{', '.join(RUN_OUTPUTS)} and keeps any other file)")
+    # the launcher's environment says the rank before any process group exists (RANK / LOCAL_RANK / SLURM_PROCID;
+    # NODE_RANK: Lightning's own launcher on several nodes sets only the local rank)
+    if L.pytorch.utilities.rank_zero_only.rank == 0 and os.environ.get("NODE_RANK", "0") == "0":
+        for name in RUN_OUTPUTS:
+            path = run_dir / name
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            elif path.exists() or path.is_symlink():
+                path.unlink()
+        print(f"--overwrite: removed the earlier run ({', '.join(held)}) from {run_dir}")
+
+
+def fit(cfg: TrainConfig, resume: str | None = None, callbacks: list | None = None, overwrite: bool = False) -> Path:
     """Train as ``cfg`` says and return the written model.pt; ``resume``: None, "last" or a checkpoint path;
-    ``callbacks``: extra Lightning callbacks (e.g. to observe steps)."""
+    ``callbacks``: extra Lightning callbacks (e.g. to observe steps); ``overwrite``: replace a run already in
+    the run folder (refused otherwise, unless resumed)."""
     t, d = cfg.trainer, cfg.data
     if t.threads:
         torch.set_num_threads(t.threads)
     L.seed_everything(t.seed, workers=True, verbose=False)
     run_dir = Path(cfg.out_dir) / cfg.name
+    prepare_run_dir(run_dir, resume, overwrite)
     ckpt = resume_checkpoint(run_dir, resume)
     resume_step = None if ckpt is None else checkpoint_step(ckpt)
 
@@ -136,17 +179,23 @@ def fit(cfg: TrainConfig, resume: str | None = None, callbacks: list | None = No
     return out
 
 
-def parse_args(argv: list[str] | None = None, description: str | None = None) -> tuple[TrainConfig, str | None]:
-    """train.py's command line -> (config, resume): ``--config YAML``, ``--resume [CKPT]``, dotted overrides."""
+def parse_args(argv: list[str] | None = None, description: str | None = None) -> tuple[TrainConfig, str | None, bool]:
+    """train.py's command line -> (config, resume, overwrite): ``--config YAML``, ``--resume [CKPT]``,
+    ``--overwrite``, dotted overrides."""
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True, help="YAML file (see configs/)")
-    parser.add_argument("--resume", nargs="?", const="last", default=None, metavar="CKPT",
-                        help="continue from a step checkpoint (default: the run's newest) — same config")
+    again = parser.add_mutually_exclusive_group()
+    again.add_argument("--resume", nargs="?", const="last", default=None, metavar="CKPT",
+                       help="continue from a step checkpoint (default: the run's newest) — same config")
+    again.add_argument("--overwrite", action="store_true",
+                       help="replace the run already in <out_dir>/<name>/: removes only what training writes ("
+                            + ", ".join(RUN_OUTPUTS) + "), never other files in the folder; without it (or "
+                            "--resume) a folder holding a run is refused")
     args, overrides = parser.parse_known_args(argv)
-    return load_train_config(args.config, overrides), args.resume
+    return load_train_config(args.config, overrides), args.resume, args.overwrite
 
 
 def train(argv: list[str] | None = None, callbacks: list | None = None, description: str | None = None) -> Path:
     """Train as the command line ``argv`` says (train.py's CLI); returns the written model.pt."""
-    cfg, resume = parse_args(argv, description)
-    return fit(cfg, resume, callbacks)
+    cfg, resume, overwrite = parse_args(argv, description)
+    return fit(cfg, resume, callbacks, overwrite)

@@ -91,3 +91,39 @@ def test_exploding_logits_are_named(tmp_path):
 
     with pytest.raises(SystemExit, match="Likely cause: attention logits explode"):
         training.train(_args(tmp_path, 10, "--trainer.max_nonfinite_steps", "2"), callbacks=[Blow()])
+
+
+def test_eval_of_a_model_with_nan_scores_exits_with_the_counts(tmp_path, capsys):
+    """A checkpoint whose geometric scores are all NaN: eval.py stops (unchecked, NaN scores R@1 = 1.0)."""
+    import eval as eval_app
+    import mmgeo
+
+    model = mmgeo.create_model("geo-tiny", **TINY).eval()
+    with torch.no_grad():
+        model.query_mlp.fc2.weight.fill_(float("nan"))  # every caption's queries: NaN
+    ckpt = mmgeo.save_model(model, tmp_path / "nan.pt")
+    with pytest.raises(SystemExit) as stop:
+        eval_app.main(["--ckpt", str(ckpt), "--limit", "4", "--out", str(tmp_path / "r.json")])
+    msg = str(stop.value)
+    assert msg.startswith("80 of 80 scores are not finite (NaN 80): captions [0, 1, 2, 3, 4 …], images [0, 1, 2, 3]")
+    assert "the model produced non-finite scores" in msg and "attention diagnostics" in msg
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_eval_refuses_partly_infinite_scores(tmp_path, monkeypatch):
+    import eval as eval_app
+    import mmgeo
+
+    model = mmgeo.create_model("geo-tiny", **TINY).eval()
+    ckpt = mmgeo.save_model(model, tmp_path / "m.pt")
+    original = type(model).score
+
+    def some_inf(self, texts, images, mode=None):
+        s = original(self, texts, images, mode).clone()
+        s[:2, 1] = float("inf")  # rows scored in one block (20 captions): captions 0 and 1, image 1
+        return s
+
+    monkeypatch.setattr(type(model), "score", some_inf)
+    with pytest.raises(SystemExit, match=r"^2 of 80 scores are not finite \(\+inf 2\): captions \[0, 1\], "
+                                         r"images \[1\]"):
+        eval_app.main(["--ckpt", str(ckpt), "--limit", "4"])

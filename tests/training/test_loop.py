@@ -6,7 +6,7 @@ import pytest
 
 from mmgeo.data.pairs import open_split
 from mmgeo.training.config import load_train_config
-from mmgeo.training.loop import build_loader, resume_checkpoint
+from mmgeo.training.loop import RUN_OUTPUTS, build_loader, existing_run, parse_args, prepare_run_dir, resume_checkpoint
 from mmgeo.training.module import RetrievalModule
 from tests.conftest import TINY
 
@@ -48,3 +48,66 @@ def test_resume_names_a_missing_checkpoint(tmp_path):
     assert resume_checkpoint(tmp_path, None) is None
     with pytest.raises(SystemExit, match="does not exist"):
         resume_checkpoint(tmp_path, str(tmp_path / "nope.ckpt"))
+
+
+def _a_run(run: Path) -> None:
+    (run / "checkpoints").mkdir(parents=True)
+    for name in ("model.pt", "config.yaml", "metrics.csv", "samples.tsv", "checkpoints/step=000002.ckpt"):
+        (run / name).write_text(name)
+
+
+@pytest.mark.parametrize("marker", ["model.pt", "metrics.csv", "checkpoints/step=000004.ckpt"])
+def test_a_folder_holding_a_run_is_refused(tmp_path, marker):
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / marker).write_text("x")
+    with pytest.raises(SystemExit, match=rf"run folder {tmp_path} already holds a run \(.*\); .*--name OTHER.*"
+                                         r"--resume.*--overwrite: removes model.pt, config.yaml, metrics.csv"):
+        prepare_run_dir(tmp_path)
+
+
+def test_a_folder_without_a_run_is_used(tmp_path):
+    prepare_run_dir(tmp_path / "missing")
+    (tmp_path / "checkpoints").mkdir()
+    for name in ("config.yaml", "notes.txt", "checkpoints/.step=000002.ckpt.abc.tmp"):  # no run: nothing to lose
+        (tmp_path / name).write_text(name)
+    prepare_run_dir(tmp_path)
+    assert existing_run(tmp_path) == []
+
+
+def test_overwrite_removes_only_the_runs_outputs(tmp_path):
+    _a_run(tmp_path)
+    (tmp_path / "notes.txt").write_text("mine")
+    (tmp_path / "results.json").write_text("{}")
+    assert existing_run(tmp_path) == ["model.pt", "checkpoints/ (1 step checkpoint, newest step=000002.ckpt)",
+                                      "metrics.csv"]
+    prepare_run_dir(tmp_path, overwrite=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "results.json"]
+    assert set(RUN_OUTPUTS) >= {"model.pt", "config.yaml", "metrics.csv", "checkpoints", "samples.tsv"}
+
+
+def test_only_rank_zero_removes(tmp_path, monkeypatch):
+    """Every rank checks the folder the same way; a rank other than 0 leaves removing to rank 0."""
+    import lightning as L
+
+    _a_run(tmp_path)
+    monkeypatch.setattr(L.pytorch.utilities.rank_zero_only, "rank", 1)
+    with pytest.raises(SystemExit, match="already holds a run"):
+        prepare_run_dir(tmp_path)
+    prepare_run_dir(tmp_path, overwrite=True)
+    assert (tmp_path / "model.pt").is_file()
+
+
+def test_resume_keeps_the_run_and_resume_with_overwrite_is_an_error(tmp_path):
+    _a_run(tmp_path)
+    prepare_run_dir(tmp_path, resume="last")
+    assert (tmp_path / "model.pt").is_file()
+    with pytest.raises(SystemExit, match="give one, not both"):
+        prepare_run_dir(tmp_path, resume="last", overwrite=True)
+    with pytest.raises(SystemExit) as err:
+        parse_args(["--config", "configs/synthetic.yaml", "--resume", "--overwrite"])
+    assert err.value.code == 2  # argparse: not allowed together
+
+
+def test_parse_args_reads_overwrite():
+    assert parse_args(["--config", "configs/synthetic.yaml", "--overwrite"])[1:] == (None, True)
+    assert parse_args(["--config", "configs/synthetic.yaml", "--resume"])[1:] == ("last", False)
