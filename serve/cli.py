@@ -19,7 +19,8 @@ def parse(argv=None) -> argparse.Namespace:
     b.add_argument("--split", default="test", help="split of --data")
     b.add_argument("--limit", type=int, default=None, help="index at most this many images")
     b.add_argument("--seed", type=int, default=0, help="seed of --data synthetic")
-    b.add_argument("--out", required=True, help="index directory to write (replaced only when complete)")
+    b.add_argument("--out", required=True, help="index directory to write: new, empty or an index (replaced "
+                   "atomically when complete); refused if it holds anything else or overlaps --images")
     b.add_argument("--index-type", default="auto", choices=INDEX_TYPES,
                    help="FAISS index: auto = flat below 10k images, HNSW below 1M, IVF-PQ above (per shard if sharded)")
     b.add_argument("--shard-size", type=int, default=100_000,
@@ -45,10 +46,11 @@ def parse(argv=None) -> argparse.Namespace:
 
 def build(args) -> int:
     import mmgeo
-    from mmgeo.search.build import build_gallery, folder_items
+    from mmgeo.search.build import build_gallery, check_out, folder_items
 
     if args.shard_size < 1:
         raise ValueError(f"--shard-size must be at least 1, got {args.shard_size}")
+    check_out(args.out, args.images)  # before loading the model; build_gallery checks again
     model = mmgeo.load_model(args.ckpt)
     if args.images:
         items, total = folder_items(args.images)

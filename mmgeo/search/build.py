@@ -1,5 +1,7 @@
 """Writing gallery index directories (format: ``mmgeo.search.store``): from images, from encoded images, or
 random vectors for load tests. Atomic: built in a ``mmgeo.io.StagedDir`` that replaces the target when complete.
+Safe: ``check_out`` refuses a target that is neither absent, an empty folder nor an mmgeo index, and one that is,
+is inside or contains the image folder; nothing is touched then.
 """
 
 from __future__ import annotations
@@ -17,6 +19,72 @@ from mmgeo.io import StagedDir
 from mmgeo.search.faiss_index import build_faiss, choose_index_type
 from mmgeo.search.shards import write_sharded
 from mmgeo.search.store import FORMAT, SHARDS_DIR, file_sha256
+
+NEW_OR_EMPTY = "build into a new or empty folder (an existing mmgeo index there is replaced)"
+
+
+def _describe(folder: Path) -> str:
+    files = dirs = 0
+    for p in folder.iterdir():
+        if p.is_dir() and not p.is_symlink():
+            dirs += 1
+        else:
+            files += 1
+    return ", ".join(f"{n} {what}{'s' if n != 1 else ''}" for n, what in ((files, "file"), (dirs, "folder")) if n)
+
+
+def _is_index(folder: Path) -> tuple[bool, str]:
+    """(whether ``folder`` holds an mmgeo index manifest, why not)."""
+    mpath = folder / "manifest.json"
+    if not mpath.is_file():
+        return False, "no manifest.json"
+    try:
+        fmt = json.loads(mpath.read_text()).get("format")
+    except (OSError, ValueError, AttributeError):
+        return False, "its manifest.json is not readable JSON"
+    return (True, "") if fmt == FORMAT else (False, f"its manifest.json is of format {fmt!r}, not {FORMAT!r}")
+
+
+def check_out(out: str | os.PathLike, images: str | os.PathLike | None = None) -> None:
+    """Raise ValueError, touching nothing, unless ``out`` may be (re)built: absent, an empty folder or an mmgeo
+    index, not a symbolic link, and not the same as, inside or containing the image folder ``images``."""
+    out = Path(out)
+    if images is not None:
+        o, i = out.resolve(), Path(images).resolve()
+        rel = "is" if o == i else "is inside" if i in o.parents else "contains" if o in i.parents else None
+        if rel:
+            raise ValueError(f"the index folder {str(out)!r} {rel} the image folder {str(images)!r}: building there "
+                             f"would replace or mix with your images; pick an index folder outside {str(images)!r}")
+    if out.is_symlink():
+        raise ValueError(f"{str(out)!r} is a symbolic link (to {os.readlink(out)!r}): refusing to replace it; "
+                         "pass the folder itself")
+    if not os.path.lexists(out):
+        return
+    if not out.is_dir():
+        raise ValueError(f"{str(out)!r} exists and is a file, not an mmgeo index: refusing to replace it; "
+                         f"{NEW_OR_EMPTY}")
+    if not any(out.iterdir()):
+        return
+    ok, why = _is_index(out)
+    if not ok:
+        raise ValueError(f"{str(out)!r} holds {_describe(out)}, not an mmgeo index ({why}): refusing to replace it; "
+                         f"{NEW_OR_EMPTY}")
+
+
+def _check_paths_outside(meta: list[dict], out: Path) -> None:
+    """Refuse an index whose images lie inside its own folder (replacing it would delete them)."""
+    o = out.resolve()
+    for m in meta:
+        p = Path(m["path"])
+        if p.is_absolute() and (o == p or o in p.parents):
+            raise ValueError(f"image {m['path']!r} is inside the index folder {str(out)!r}: building there would "
+                             "delete it; pick an index folder outside the image folder")
+
+
+class FolderItems(list):
+    """``folder_items``' (path, loader) pairs; ``folder`` lets ``build_gallery`` refuse an index inside it."""
+
+    folder: Path
 
 
 def _model_record(model, ckpt: str | os.PathLike | None) -> dict:
@@ -51,6 +119,8 @@ def _write_global(tmp: Path, pooled: np.ndarray, index_type: str, shard_size: in
 def _commit(staging: StagedDir, model_rec: dict, meta: list[dict], kind: str, shards: dict | None,
             skipped: list[dict]) -> dict:
     """Write meta and manifest into the staging dir (arrays and global index are there already) and commit."""
+    _check_paths_outside(meta, staging.target)
+    check_out(staging.target)  # again: the target may have changed during the build
     (staging.tmp / "meta.json").write_text(json.dumps(meta))
     manifest = {"format": FORMAT, "version": 2 if shards else 1, "model": model_rec, "count": len(meta),
                 "index_type": kind, "skipped": {"count": len(skipped), "files": skipped[:1000]},
@@ -88,10 +158,13 @@ def build_gallery(model, items: Iterable[tuple[str, object]], total: int, out: s
     images) saves the image as ``images/<id>.png`` inside the index. ``total`` bounds the count. Over
     ``shard_size`` images the global index is sharded (``None``: never).
     ``fail_after_encode`` raises after encoding, before the commit (for tests of interrupted builds).
+    Refuses (``check_out``) an ``out`` that is not absent, empty or an index, or that is, is inside or contains
+    ``items.folder`` (``folder_items``) or any indexed image.
     """
     from tqdm.auto import tqdm
 
     _geometric(model)
+    check_out(out, getattr(items, "folder", None))
     rec = _model_record(model, ckpt)
     H, L = rec["num_heads"], rec["num_patches"]
     staging = StagedDir.next_to(Path(out))
@@ -160,6 +233,7 @@ def build_gallery_from_embedding(model, images, out: str | os.PathLike, ckpt: st
     """An index directory of already encoded images (an ``Embedding``, id i = row i), stored exactly as
     ``build_gallery`` stores them (fp16 keys/values); no image files (``path`` ``encoded/<id>``)."""
     _geometric(model)
+    check_out(out)
     rec = _model_record(model, ckpt)
     n = len(images)
     staging = StagedDir.next_to(Path(out))
@@ -176,10 +250,12 @@ def build_gallery_from_embedding(model, images, out: str | os.PathLike, ckpt: st
         raise
 
 
-def folder_items(folder: str | os.PathLike) -> tuple[list, int]:
-    """(path, loader) pairs for every image file of a folder, and their count."""
+def folder_items(folder: str | os.PathLike) -> tuple[FolderItems, int]:
+    """(path, loader) pairs for every image file of a folder (``.folder`` says which), and their count."""
     paths = list_images(folder)
-    return [(p, (lambda p=p: open_image(p))) for p in paths], len(paths)
+    items = FolderItems((p, (lambda p=p: open_image(p))) for p in paths)
+    items.folder = Path(folder)
+    return items, len(paths)
 
 
 def build_random_gallery(out: str | os.PathLike, count: int, num_heads: int, num_patches: int, d_a: int, d_e: int,
@@ -187,6 +263,7 @@ def build_random_gallery(out: str | os.PathLike, count: int, num_heads: int, num
                          model_path: str | None = None, model_sha256: str | None = None,
                          shard_size: int | None = 100_000) -> dict:
     """A gallery of random unit vectors (no images, no encoding) — for load tests of large indexes."""
+    check_out(out)
     rng = np.random.default_rng(seed)
 
     def blocks(shape, unit):

@@ -12,11 +12,13 @@ Layout of an index directory (format ``mmgeo-gallery`` v1, or v2 when sharded)::
     meta.json       [{"id", "path", "width", "height"}] — ``path`` relative to the directory when inside it
 
 Builds are atomic (``mmgeo.io.StagedDir``): everything is written into a temp directory next to the target,
-which replaces the target only once complete, so an interrupted build never leaves a half index that loads.
+which replaces the target only once complete, so an interrupted build never leaves a half index that loads; a
+missing index that a killed build left at ``.NAME.old-*`` is renamed back before loading (``mmgeo.io``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -25,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from mmgeo.io import restore_interrupted
 from mmgeo.search.shards import ShardedIndex, ShardsError
 
 FORMAT = "mmgeo-gallery"
@@ -54,6 +57,9 @@ class Gallery:
         import faiss
 
         self.root = Path(root)
+        if not self.root.exists():  # a build killed between the two renames of the fallback: put the old one back
+            with contextlib.suppress(OSError):
+                restore_interrupted(self.root)
         mpath = self.root / "manifest.json"
         if not mpath.is_file():
             raise GalleryError(f"{str(self.root)!r} is not an index: no manifest.json (a missing or interrupted "

@@ -1,5 +1,9 @@
 """``python -m serve build``: reports skipped files, refuses bad input, sharded indexes serve like one index."""
 
+import json
+import os
+import shutil
+
 import pytest
 
 from mmgeo.search.store import Gallery
@@ -54,3 +58,81 @@ def test_sharded_gallery_serves_over_http(serve_env, sharded_pair):
                                 c.post("/search/image", files={"file": ("q.png", png, "image/png")},
                                        params={"k": 6}).json())
     assert out["one"] == out["shards"] and out["shards"][1]["results"][0]["id"] == 4
+
+
+def _snapshot(folder):
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_build_refuses_a_folder_that_is_not_an_index(serve_env, tmp_path, capsys):
+    from mmgeo.search.build import build_gallery, folder_items
+    from serve.cli import main
+
+    docs = tmp_path / "my_documents"
+    (docs / "drafts").mkdir(parents=True)
+    (docs / "thesis.txt").write_text("four years of work")
+    (docs / "notes.md").write_bytes(b"\x00\x01 binary-ish")
+    (docs / "drafts" / "v1.txt").write_text("v1")
+    before = _snapshot(docs)
+    assert main(["build", "--ckpt", str(serve_env.ckpt), "--images", str(serve_env.folder), "--out", str(docs),
+                 "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "2 files, 1 folder, not an mmgeo index (no manifest.json)" in err
+    assert "new or empty folder" in err
+    (docs / "manifest.json").write_text(json.dumps({"format": "something-else"}))
+    items, n = folder_items(serve_env.folder)
+    with pytest.raises(ValueError, match="format 'something-else'"):  # Python callers get the same refusal
+        build_gallery(serve_env.model, items, n, docs, progress=False)
+    (docs / "manifest.json").unlink()
+    (tmp_path / "a_file").write_text("x")
+    with pytest.raises(ValueError, match="is a file"):
+        build_gallery(serve_env.model, items, n, tmp_path / "a_file", progress=False)
+    (tmp_path / "link").symlink_to(serve_env.folder_idx)  # an index through a link: replacing the link is refused
+    with pytest.raises(ValueError, match="symbolic link"):
+        build_gallery(serve_env.model, items, n, tmp_path / "link", progress=False)
+    assert _snapshot(docs) == before and sorted(os.listdir(tmp_path)) == ["a_file", "link", "my_documents"]
+    (tmp_path / "empty").mkdir()  # an empty folder is fine
+    assert main(["build", "--ckpt", str(serve_env.ckpt), "--images", str(serve_env.folder), "--out",
+                 str(tmp_path / "empty"), "--no-progress"]) == 0
+    assert len(Gallery(tmp_path / "empty")) == 5
+
+
+@pytest.mark.parametrize("where", ["same", "inside", "containing", "symlink"])
+def test_build_refuses_an_index_folder_overlapping_the_images(serve_env, tmp_path, capsys, where):
+    from mmgeo.search.build import build_gallery, folder_items
+    from serve.cli import main
+
+    photos = tmp_path / "photos"
+    shutil.copytree(serve_env.folder, photos)
+    images, out, word = photos, photos, "is the image folder"
+    if where == "inside":
+        out, word = photos / "index", "is inside the image folder"
+    elif where == "containing":
+        (photos / "sub").mkdir()
+        for p in list(photos.glob("img*")):
+            p.rename(photos / "sub" / p.name)
+        images, word = photos / "sub", "contains the image folder"
+    elif where == "symlink":  # the same folder through a link
+        (tmp_path / "link").symlink_to(photos)
+        images = tmp_path / "link"
+    before = _snapshot(tmp_path)
+    assert main(["build", "--ckpt", str(serve_env.ckpt), "--images", str(images), "--out", str(out),
+                 "--no-progress"]) == 2
+    assert word in capsys.readouterr().err
+    items, n = folder_items(images)
+    with pytest.raises(ValueError, match=word):
+        build_gallery(serve_env.model, items, n, out, progress=False)
+    assert _snapshot(tmp_path) == before and not list(tmp_path.rglob(".*building*"))
+
+
+def test_rebuild_replaces_the_index_and_removes_the_old_one(serve_env, tmp_path):
+    from mmgeo.search.build import build_gallery, folder_items
+
+    target = tmp_path / "live"
+    shutil.copytree(serve_env.idx, target)  # 24 synthetic images, with images/ inside
+    assert len(Gallery(target)) == 24
+    items, n = folder_items(serve_env.folder)
+    build_gallery(serve_env.model, items, n, target, progress=False)
+    g = Gallery(target)
+    assert len(g) == 5 and not (target / "images").exists(), "nothing of the old index is left in the new one"
+    assert os.listdir(tmp_path) == ["live"], "the old index and every temp file are removed"
