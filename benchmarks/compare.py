@@ -316,7 +316,7 @@ def total_wall(run_dir: Path) -> float | None:
 
 def write_recipe(model: str, best: dict, args: argparse.Namespace, recipes_dir: Path) -> Path:
     """The best recipe as a config: the model's base YAML + the recipe + the final run's settings."""
-    from mmgeo.config import parse_overrides
+    from mmgeo.config import merge_dicts, parse_overrides
 
     config, pick = base_config(model)
     recipe = Recipe(**best["recipe"])
@@ -325,7 +325,7 @@ def write_recipe(model: str, best: dict, args: argparse.Namespace, recipes_dir: 
     extra = parse_overrides([*args.extra, *pick, *recipe.overrides(is_geometric(model)),
                              "--trainer.max_steps", str(args.steps), "--trainer.val_every_n_steps", str(every),
                              "--trainer.checkpoint_every_n_steps", str(max(1, args.steps // 4))])
-    merged = merge(data, extra)
+    merged = merge_dicts(data, extra)
     merged["name"] = f"compare_{model}"
     path = recipes_dir / f"compare_{model}.yaml"
     shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
@@ -338,13 +338,6 @@ def write_recipe(model: str, best: dict, args: argparse.Namespace, recipes_dir: 
     if not path.is_file() or path.read_text() != text:
         path.write_text(text)
     return path
-
-
-def merge(base: dict, extra: dict) -> dict:
-    out = dict(base)
-    for k, v in extra.items():
-        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
 
 
 def final(model: str, recipe_path: Path, args: argparse.Namespace, out: Path, synthetic: bool) -> list[dict]:

@@ -135,10 +135,11 @@ def parse_overrides(args: list[str]) -> dict:
     return out
 
 
-def _merge(base: dict, extra: dict) -> dict:
+def merge_dicts(base: dict, extra: dict) -> dict:
+    """``base`` with ``extra`` laid over it, nested dicts merged key by key (neither input is changed)."""
     merged = dict(base)
     for k, v in extra.items():
-        merged[k] = _merge(merged[k], v) if isinstance(v, dict) and isinstance(merged.get(k), dict) else v
+        merged[k] = merge_dicts(merged[k], v) if isinstance(v, dict) and isinstance(merged.get(k), dict) else v
     return merged
 
 
@@ -150,7 +151,7 @@ def load_config(cls, path: str | Path | None = None, overrides: list[str] | None
         if not path.is_file():
             raise ConfigError(f"config file {str(path)!r} does not exist")
         data = yaml.safe_load(path.read_text()) or {}
-    return from_dict(cls, _merge(data, parse_overrides(overrides or [])), where=str(path or "config"))
+    return from_dict(cls, merge_dicts(data, parse_overrides(overrides or [])), where=str(path or "config"))
 
 
 def to_dict(cfg) -> dict:
