@@ -7,6 +7,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -58,6 +59,7 @@ def test_sigkill_during_build_keeps_the_old_index(serve_env, tmp_path):
 DRIVER = r'''
 import errno, json, os, pathlib, shutil, signal, sys
 import faiss
+import torch
 import mmgeo
 import mmgeo.io
 from mmgeo.search.build import build_gallery, folder_items
@@ -65,6 +67,7 @@ from mmgeo.search.build import build_gallery, folder_items
 ckpt, images, target = sys.argv[1:4]
 model = mmgeo.load_model(ckpt)
 faiss.omp_set_num_threads(1)
+torch.set_num_threads(1)
 print("ready", flush=True)
 
 
@@ -132,8 +135,12 @@ def test_sigkill_at_every_step_of_a_replacing_build(serve_env, tmp_path):
     target.parent.mkdir()
     old_manifest = (serve_env.folder_idx / "manifest.json").read_text()
     (tmp_path / "driver.py").write_text(DRIVER)
+    # one thread everywhere: a child forked from a process whose OpenMP pool has threads can deadlock on its locks
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     proc = subprocess.Popen([sys.executable, str(tmp_path / "driver.py"), str(serve_env.ckpt), str(new_images),
-                             str(target)], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                             str(target)], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    watchdog = threading.Timer(300, proc.kill)  # a hung child fails the test instead of hanging the suite
+    watchdog.start()
 
     def run(n: int, mode: str) -> list[str] | None:
         if target.exists():
@@ -180,5 +187,6 @@ def test_sigkill_at_every_step_of_a_replacing_build(serve_env, tmp_path):
             assert states == want, list(zip(points, [calls[n - 1] for n in points], states))
         assert killed >= 40
     finally:
+        watchdog.cancel()
         proc.stdin.close()
         proc.wait(30)
