@@ -42,17 +42,23 @@ def test_gpu_check_dry_run_fills_every_section(tmp_path):
     assert {r["impl"] for r in speed if r["kernel"] == "pair_score"} == {"triton", "naive", "reference",
                                                                          "compile(eager) naive"}
     assert {r["impl"] for r in speed if r["kernel"] == "geo_attention"} == {"triton", "sdpa-flash"}
-    assert all(r["ms"] > 0 and r["tflops"] > 0 and r["exp_bound_ms"] > 0 and r["time_over_triton"] > 0
-               for r in speed)
-    assert all(r["triton_speedup"] > 0 for r in speed if r["impl"] == "triton")
+    # rows past a section's time budget are skipped with their reason (asserted above; a slow or loaded machine
+    # may get there); every row that ran carries its figures, and each kernel's Triton row runs first
+    ran = [r for r in speed if r["status"] == "ok"]
+    assert {r["kernel"] for r in ran if r["impl"] == "triton"} == {"pair_score", "geo_attention"}
+    assert all(r["ms"] > 0 and r["tflops"] > 0 and r["exp_bound_ms"] > 0 and r["time_over_triton"] > 0 for r in ran)
+    assert all(r["triton_speedup"] > 0 for r in ran if r["impl"] == "triton" and "triton_speedup" in r)
+    assert any("triton_speedup" in r for r in ran)
 
     train = report["training"]["results"]
     assert [r["model"] for r in train][:2] == ["geo-vitb16-bert", "clip-vitb16-bert"]
     assert "open_clip" in train[2]["model"]
-    assert all(r["steps"] == 2 and r["samples_per_s"] > 0 for r in train)
+    assert train[0]["status"] == "ok"
+    assert all(r["steps"] == 2 and r["samples_per_s"] > 0 for r in train if r["status"] == "ok")
 
     ev = {r["what"].split()[0]: r for r in report["evaluation"]["results"]}
-    assert ev["exact"]["seconds"] > 0 and ev["two-stage"]["queries_per_s"] > 0
+    assert ev["exact"]["status"] == "ok" and ev["exact"]["seconds"] > 0
+    assert ev["two-stage"]["status"] == "skipped" or ev["two-stage"]["queries_per_s"] > 0
 
     md = (tmp_path / "gpu_check.md").read_text()
     assert md == res.stdout.rstrip("\n") + "\n" or md.strip() in res.stdout
