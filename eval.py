@@ -43,6 +43,7 @@ from mmgeo.diagnostics import diagnose
 from mmgeo.metrics import DEFAULT_KS, NonFiniteScores, image_to_text_ranks, retrieval_metrics, text_to_image_ranks
 from mmgeo.plots import plot_recall_curves
 from mmgeo.retrieval import encode_split, exact_scores
+from mmgeo.search.codecs import CODECS
 from mmgeo.search.faiss_index import INDEX_TYPES
 
 DIAGNOSTIC_IMAGES = 64  # images (with all their captions) the attention diagnostics look at
@@ -170,7 +171,7 @@ def evaluate(args) -> dict:
 
         try:  # the service's search code over --index, or over a temporary gallery of the split's images
             t2i, record = evaluate_split(model, split, args.k_prime, args.index_type or "flat",
-                                         gallery)
+                                         gallery, codec=args.codec or "fp16")
         except GalleryError as err:
             where = f"index {gallery.root} was not built from this split: " if gallery is not None else ""
             raise SystemExit(f"{where}{err}") from err
@@ -231,6 +232,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--k-prime", type=int, default=100, help="two-stage: candidates re-ranked per query")
     p.add_argument("--index-type", default=None, choices=INDEX_TYPES,
                    help="two-stage: FAISS index of the temporary gallery of the split's images (default flat)")
+    p.add_argument("--codec", default=None, choices=list(CODECS),
+                   help="two-stage: re-rank store codec of the temporary gallery (default fp16; docs/serve.md)")
     p.add_argument("--index", default=None, help="two-stage over a gallery from `python -m serve build` (built from "
                    "this split, same order); the model is --ckpt or the checkpoint its manifest names")
     p.add_argument("--seed", type=int, default=0, help="synthetic data seed")
@@ -248,8 +251,11 @@ def main(argv: list[str] | None = None) -> dict:
         p.error("--index evaluates a built gallery by two-stage search: drop --mode exact (or drop --index)")
     if args.index and args.index_type:
         p.error("--index-type applies to the temporary gallery; an --index gallery has its own type")
-    if args.index_type and args.mode != "two-stage":
-        p.error("--index-type applies to --mode two-stage")
+    if args.index and args.codec:
+        p.error("--codec applies to the temporary gallery; an --index gallery has its own codec")
+    for flag, given in (("--index-type", args.index_type), ("--codec", args.codec)):
+        if given and args.mode != "two-stage":
+            p.error(f"{flag} applies to --mode two-stage")
     if args.index and args.suite == "compositional":
         p.error("--index is for retrieval (--suite retrieval or all), not the compositional suite")
     result = evaluate(args)
@@ -266,7 +272,9 @@ def main(argv: list[str] | None = None) -> dict:
         if "first_stage" in result:
             fs, ts = result["first_stage"], result["two_stage"]
             t2i, i2t = fs["text_to_image_first_stage_recall"], fs["image_to_text_first_stage_recall"]
+            st = ts["store"]
             print(f"two-stage over {ts['index'] or 'a temporary gallery of the split'} ({ts['index_type']} index, "
+                  f"{st['codec']} re-rank store of {st['bytes_per_image']:,} bytes per image, "
                   f"K'={ts['k_prime']}): text->image by the service's search; image->text read from the "
                   "text->image candidates (no image->text search)")
             print(f"first stage (FAISS top-{fs['k_prime']}) recall: text->image {100 * t2i:.1f}, "

@@ -51,6 +51,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+from benchmarks.report import check_markers, report_to  # noqa: E402 - after the path
 
 BASE_CONFIGS = {"geo-tiny": "configs/synthetic.yaml", "clip-tiny": "configs/synthetic_clip.yaml"}
 DEFAULT_BASE = "configs/synthetic.yaml"
@@ -520,27 +521,6 @@ def plot(models: dict, path: Path) -> None:
     plt.close(fig)
 
 
-MARKERS = ("<!-- compare:start -->", "<!-- compare:end -->")
-
-
-def check_markers(path: Path) -> str:
-    """The file's text, or a SystemExit naming the markers it lacks."""
-    start, end = MARKERS
-    if not path.is_file():
-        raise SystemExit(f"--report-to {path}: no such file")
-    doc = path.read_text()
-    if start not in doc or end not in doc or doc.index(start) > doc.index(end):
-        raise SystemExit(f"--report-to {path}: it has no section marked by the lines `{start}` and `{end}`; add "
-                         "both where the comparison belongs, then rerun (finished runs are reused)")
-    return doc
-
-
-def report_to(path: Path, text: str) -> None:
-    start, end = MARKERS
-    head, rest = check_markers(path).split(start, 1)
-    path.write_text(f"{head}{start}\n{text.rstrip()}\n{end}{rest.split(end, 1)[1]}")
-
-
 def commit() -> str:
     def git(*a: str) -> str:
         return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()
@@ -631,7 +611,7 @@ def main(argv: list[str] | None = None) -> dict:
     recipes_dir = Path(args.recipes_dir or (out / "recipes" if args.budget == "tiny" else ROOT / "configs")).resolve()
     recipes = grid(args)
     if args.report_to:
-        check_markers(Path(args.report_to).resolve())  # before hours of training, not after
+        check_markers(Path(args.report_to).resolve(), "compare")  # before hours of training, not after
     synthetic = all(yaml.safe_load((ROOT / base_config(m)[0]).read_text())["data"]["name"] == "synthetic"
                     for m in args.models)
     log(f"{len(args.models)} models × {len(recipes)} recipes × {args.search_steps} steps, then {len(args.seeds)} "
@@ -666,7 +646,7 @@ def main(argv: list[str] | None = None) -> dict:
     (out / "results.md").write_text(md)
     if args.report_to:
         dest = Path(args.report_to).resolve()
-        report_to(dest, markdown(data, os.path.relpath(out / "compare.png", dest.parent)))
+        report_to(dest, "compare", markdown(data, os.path.relpath(out / "compare.png", dest.parent)))
     log(f"written {out / 'compare.json'}, {out / 'results.md'}, {out / 'compare.png'} ({data['wall_s']:.0f} s)")
     return data
 

@@ -1,12 +1,12 @@
 """Load test of the search service on loopback: QPS and p50/p99 latency of POST /search, re-rank off and on.
 
     python benchmarks/load_search.py [--count 100000] [--clients 1 8 32] [--seconds 8] [--max-requests 3000]
-                                     [--client raw|httpx]
+                                     [--client raw|httpx] [--codec fp16|sq8|pq8|...]
 
 Builds (once, cached under --workdir) a gallery of ``--count`` random vectors shaped like the default
-``geo-tiny`` model's (global vectors in FAISS, fp16 keys/values memory-mapped; no images encoded), starts
-``python -m serve run`` on 127.0.0.1 in a subprocess, and runs k=10 queries at each concurrency, first with
-re-rank off, then on (geometric re-rank of the FAISS top 100). Every setting is bounded by --seconds and
+``geo-tiny`` model's (global vectors in FAISS, keys/values memory-mapped, fp16 or ``--codec``'s codes; no images
+encoded), starts ``python -m serve run`` on 127.0.0.1 in a subprocess, and runs k=10 queries at each concurrency,
+first with re-rank off, then on (geometric re-rank of the FAISS top 100). Every setting is bounded by --seconds and
 --max-requests. The client shares the machine's cores with the server: figures include that cost; the last
 column is the server's own mean time per /search request (from /metrics), queueing in the batcher included.
 """
@@ -27,18 +27,21 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from mmgeo.search.codecs import CODECS  # noqa: E402 - after the path
 
 
-def prepare(workdir: Path, count: int, index_type: str) -> Path:
-    """Default geo-tiny checkpoint (random weights) + random gallery of ``count`` items, reused when present."""
+def prepare(workdir: Path, count: int, index_type: str, codec: str = "fp16") -> Path:
+    """Default geo-tiny checkpoint (random weights) + random gallery of ``count`` items with re-rank store ``codec``,
+    reused when present."""
     import torch
 
     import mmgeo
+    from mmgeo.io import file_sha256
     from mmgeo.search.build import build_random_gallery
-    from mmgeo.search.store import file_sha256
 
     workdir.mkdir(parents=True, exist_ok=True)
-    ckpt, index = workdir / "geo-tiny.pt", workdir / f"index-{count}-{index_type}"
+    suffix = "" if codec == "fp16" else f"-{codec}"
+    ckpt, index = workdir / "geo-tiny.pt", workdir / f"index-{count}-{index_type}{suffix}"
     if not ckpt.is_file():
         torch.manual_seed(0)
         mmgeo.save_model(mmgeo.create_model("geo-tiny").eval(), ckpt)
@@ -48,9 +51,10 @@ def prepare(workdir: Path, count: int, index_type: str) -> Path:
         return index
     cfg = mmgeo.load_model(ckpt).cfg
     t = time.perf_counter()
-    print(f"building a random {count:,}-item gallery ({index_type}) in {index} ...", flush=True)
+    print(f"building a random {count:,}-item gallery ({index_type}, {codec} store) in {index} ...", flush=True)
     build_random_gallery(index, count, cfg.num_heads, (cfg.image_size // cfg.patch_size) ** 2, cfg.d_a, cfg.d_e,
-                         cfg.d_global, index_type=index_type, model_path=str(ckpt.resolve()), model_sha256=sha)
+                         cfg.d_global, index_type=index_type, model_path=str(ckpt.resolve()), model_sha256=sha,
+                         codec=codec)
     print(f"  built in {time.perf_counter() - t:.0f} s", flush=True)
     return index
 
@@ -166,6 +170,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--count", type=int, default=100_000)
     p.add_argument("--index-type", default="auto", choices=["auto", "flat", "hnsw", "ivfpq"])
+    p.add_argument("--codec", default="fp16", choices=list(CODECS), help="re-rank store codec of the gallery")
     p.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32])
     p.add_argument("--seconds", type=float, default=8.0, help="time limit per setting")
     p.add_argument("--max-requests", type=int, default=3000, help="request limit per setting")
@@ -176,7 +181,7 @@ def main(argv=None) -> int:
     p.add_argument("--json", default=None, help="also write the rows here")
     args = p.parse_args(argv)
 
-    index = prepare(Path(args.workdir), args.count, args.index_type)
+    index = prepare(Path(args.workdir), args.count, args.index_type, args.codec)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     server = subprocess.Popen([sys.executable, "-m", "serve", "run", "--index", str(index), "--host", "127.0.0.1",
@@ -196,7 +201,7 @@ def main(argv=None) -> int:
                 raise SystemExit(f"server did not start (exit code {server.poll()})")
             time.sleep(0.3)
         health = httpx.get(url + "/health").json()
-        print(f"server up: {health['images']:,} images, index {health['index_type']}; "
+        print(f"server up: {health['images']:,} images, index {health['index_type']}, {args.codec} re-rank store; "
               f"{os.cpu_count()} CPU core(s) shared by server and clients ({args.client} client)", flush=True)
         texts = queries()
         print(f"{'rerank':>7} {'clients':>7} {'requests':>8} {'QPS':>8} {'p50 ms':>8} {'p99 ms':>8} {'errors':>6} "

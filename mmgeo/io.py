@@ -1,5 +1,7 @@
-"""Atomic writes, the one mechanism for files and directories: write next to the target, then rename.
+"""Files: checksums, and atomic writes — the one mechanism for files and directories: write next to the target, then
+rename.
 
+- ``file_sha256(path)``: the hex SHA-256 of a file, read in chunks (checkpoints and codebooks an index records).
 - ``atomic_path(path)``: a file (checkpoints, configs, metrics) appears whole or not at all.
 - ``StagedDir.next_to(target)``: a directory (a gallery index) is built in ``.NAME.building-<pid>-<random>``
   beside it; ``commit`` fsyncs every file and directory in it and swaps it in; ``discard`` removes it.
@@ -27,6 +29,7 @@ import contextlib
 import ctypes
 import errno
 import glob
+import hashlib
 import os
 import platform
 import secrets
@@ -63,6 +66,15 @@ def atomic_path(path: str | os.PathLike):
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def file_sha256(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
+    """Hex SHA-256 of a file (the checkpoint an index records), read in chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
 
 
 def _libc_renameat2():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from mmgeo.search.codecs import CODECS, TRAIN_IMAGES
 from mmgeo.search.faiss_index import INDEX_TYPES
 
 
@@ -26,6 +27,12 @@ def parse(argv=None) -> argparse.Namespace:
     b.add_argument("--shard-size", type=int, default=100_000,
                    help="over this many images the global index is written as memory-mapped shards of this size, "
                         "searched shard by shard and merged (docs/serve.md)")
+    b.add_argument("--codec", default="fp16", choices=list(CODECS),
+                   help="how each image's keys/values (the re-rank store) are kept: "
+                        + "; ".join(f"{c.name}: {c.help}" for c in CODECS.values())
+                        + " (docs/serve.md compares them)")
+    b.add_argument("--codec-train-images", type=int, default=TRAIN_IMAGES,
+                   help="images (evenly spaced) whose keys/values train the codec's quantizers")
     b.add_argument("--batch-size", type=int, default=64)
     b.add_argument("--no-progress", action="store_true")
     r = sub.add_parser("run", help="serve an index over HTTP")
@@ -66,10 +73,13 @@ def build(args) -> int:
         print(f"error: no image files found in {args.images}", file=sys.stderr)
         return 2
     man = build_gallery(model, items, total, args.out, ckpt=args.ckpt, index_type=args.index_type,
-                        batch_size=args.batch_size, progress=not args.no_progress, shard_size=args.shard_size)
+                        batch_size=args.batch_size, progress=not args.no_progress, shard_size=args.shard_size,
+                        codec=args.codec, train_images=args.codec_train_images)
     shards = f", {man['shards']['count']} shards" if "shards" in man else ""
-    print(f"indexed {man['count']} image(s) into {args.out} ({man['index_type']}{shards}); "
-          f"skipped {man['skipped']['count']} unreadable file(s)")
+    store = man["store"]
+    print(f"indexed {man['count']} image(s) into {args.out} ({man['index_type']}{shards}; re-rank store "
+          f"{store['codec']}: {store['bytes_per_image']:,} bytes per image + {store['codebook_bytes']:,} of "
+          f"codebooks); skipped {man['skipped']['count']} unreadable file(s)")
     for s in man["skipped"]["files"][:10]:
         print(f"  skipped {s['path']}: {s['error']}")
     return 0

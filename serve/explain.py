@@ -11,7 +11,6 @@ import io
 import math
 
 import numpy as np
-import torch
 
 from mmgeo.viz import token_attention
 
@@ -26,8 +25,7 @@ def explain_png(model, gallery, image_id: int, text: str, image=None) -> bytes:
     tok = model.tokenize([text])
     emb = model.encode_text([text])
     q, q_mask = emb.attn[0].cpu(), emb.mask[0].cpu()  # (H, T, d_a), (T,)
-    k = torch.from_numpy(np.array(gallery.keys[image_id], dtype=np.float32))  # (H, L, d_a)
-    k_mask = torch.from_numpy(np.array(gallery.mask[image_id]))  # (L,)
+    k, k_mask = gallery.image_keys(image_id), gallery.image_mask(image_id)  # (H, L, d_a), (L,)
     attn = token_attention(q, q_mask, k, k_mask)  # (T_real, L)
     words = model.tokenizer.convert_ids_to_tokens(tok["input_ids"][0][tok["attention_mask"][0].bool()].tolist())
     panels = [(w if w != "[CLS]" else "[CLS] (overview)", a) for w, a in zip(words, attn) if w not in ("[SEP]",)]

@@ -4,6 +4,7 @@
 - ``faiss_index``: FAISS indexes over global vectors (built and searched only here)
 - ``shards``: a FAISS index cut into memory-mapped shards, searched and merged
 - ``store``: the on-disk gallery format and its reader, ``Gallery``; ``build``: its writers
+- ``codecs``: how the re-rank store keeps keys/values (fp16, or FAISS SQ / PQ / RQ codes)
 - ``two_stage``: FAISS top-K' then geometric re-rank (``search_texts``), and ``rank_captions`` for evaluation
 
 Importing this package imports none of them (nor torch or faiss); import the module you need.

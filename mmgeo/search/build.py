@@ -15,10 +15,11 @@ from pathlib import Path
 import numpy as np
 
 from mmgeo.data.images import list_images, open_image
-from mmgeo.io import StagedDir
+from mmgeo.io import StagedDir, file_sha256
+from mmgeo.search.codecs import TRAIN_IMAGES, fp16_store, get_codec, min_train_vectors, write_coded_store
 from mmgeo.search.faiss_index import build_faiss, choose_index_type
 from mmgeo.search.shards import write_sharded
-from mmgeo.search.store import FORMAT, SHARDS_DIR, file_sha256
+from mmgeo.search.store import FORMAT, SHARDS_DIR
 
 NEW_OR_EMPTY = "build into a new or empty folder (an existing mmgeo index there is replaced)"
 
@@ -116,15 +117,37 @@ def _write_global(tmp: Path, pooled: np.ndarray, index_type: str, shard_size: in
     return kind, None
 
 
+def _check_codec(codec: str, rec: dict, train_images: int, count: int) -> None:
+    """Refuse, before any image is encoded: an unknown codec, one that cannot code the model's dimensions, and
+    fewer training images or patches (``count`` images at most) than it needs."""
+    c = get_codec(codec)
+    for d in (rec["d_a"], rec["d_e"]):
+        c.factory_for(d)
+    if train_images < 1:
+        raise ValueError(f"train_images must be at least 1, got {train_images}")
+    patches = min(count, train_images) * rec["num_patches"]
+    if patches < min_train_vectors(codec):
+        raise ValueError(f"codec {codec} needs at least {min_train_vectors(codec)} patches per head to train on; "
+                         f"{min(count, train_images)} image(s) give at most {patches}: use fp16, sq8 or sq4 for a "
+                         "gallery this small")
+
+
 def _commit(staging: StagedDir, model_rec: dict, meta: list[dict], kind: str, shards: dict | None,
-            skipped: list[dict]) -> dict:
-    """Write meta and manifest into the staging dir (arrays and global index are there already) and commit."""
+            skipped: list[dict], codec: str = "fp16", train_images: int = TRAIN_IMAGES) -> dict:
+    """Compress the fp16 arrays when ``codec`` says so, write meta and manifest into the staging dir (the global
+    index is there already) and commit."""
     _check_paths_outside(meta, staging.target)
+    r = model_rec
+    if codec == "fp16":
+        store = fp16_store(r["num_heads"], r["num_patches"], r["d_a"], r["d_e"])
+    else:
+        store = write_coded_store(staging.tmp, codec, train_images)
     check_out(staging.target)  # again: the target may have changed during the build
     (staging.tmp / "meta.json").write_text(json.dumps(meta))
-    manifest = {"format": FORMAT, "version": 2 if shards else 1, "model": model_rec, "count": len(meta),
+    version = 3 if codec != "fp16" else 2 if shards else 1
+    manifest = {"format": FORMAT, "version": version, "model": model_rec, "count": len(meta),
                 "index_type": kind, "skipped": {"count": len(skipped), "files": skipped[:1000]},
-                "dtype": "float16"}
+                "store": store}
     if shards:
         manifest["shards"] = shards
     (staging.tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))  # written last
@@ -150,13 +173,15 @@ def _row_blocks(arr, n: int, row_bytes: int):
 
 def build_gallery(model, items: Iterable[tuple[str, object]], total: int, out: str | os.PathLike,
                   ckpt: str | os.PathLike | None = None, index_type: str = "auto", batch_size: int = 64,
-                  progress: bool = True, fail_after_encode: bool = False, shard_size: int | None = 100_000) -> dict:
+                  progress: bool = True, fail_after_encode: bool = False, shard_size: int | None = 100_000,
+                  codec: str = "fp16", train_images: int = TRAIN_IMAGES) -> dict:
     """Encode images into an index directory at ``out``; -> the manifest.
 
     ``items`` yields ``(path, image_or_loader)`` where the second is a PIL image or a zero-argument
     callable returning one (it may raise: the file is skipped and counted). ``path=None`` (generated
     images) saves the image as ``images/<id>.png`` inside the index. ``total`` bounds the count. Over
-    ``shard_size`` images the global index is sharded (``None``: never).
+    ``shard_size`` images the global index is sharded (``None``: never). ``codec`` (``mmgeo.search.codecs``)
+    chooses how keys/values are stored: fp16, or codes of quantizers trained on ``train_images`` of them.
     ``fail_after_encode`` raises after encoding, before the commit (for tests of interrupted builds).
     Refuses (``check_out``) an ``out`` that is not absent, empty or an index, or that is, is inside or contains
     ``items.folder`` (``folder_items``) or any indexed image.
@@ -166,6 +191,7 @@ def build_gallery(model, items: Iterable[tuple[str, object]], total: int, out: s
     _geometric(model)
     check_out(out, getattr(items, "folder", None))
     rec = _model_record(model, ckpt)
+    _check_codec(codec, rec, train_images, total)
     H, L = rec["num_heads"], rec["num_patches"]
     staging = StagedDir.next_to(Path(out))
     try:
@@ -222,20 +248,22 @@ def build_gallery(model, items: Iterable[tuple[str, object]], total: int, out: s
             p.unlink()
         if fail_after_encode:
             raise RuntimeError("injected failure after encoding (test hook)")
-        return _commit(staging, rec, meta, kind, shards, skipped)
+        return _commit(staging, rec, meta, kind, shards, skipped, codec, train_images)
     except BaseException:
         staging.discard()
         raise
 
 
 def build_gallery_from_embedding(model, images, out: str | os.PathLike, ckpt: str | os.PathLike | None = None,
-                                 index_type: str = "auto", shard_size: int | None = None) -> dict:
+                                 index_type: str = "auto", shard_size: int | None = None, codec: str = "fp16",
+                                 train_images: int = TRAIN_IMAGES) -> dict:
     """An index directory of already encoded images (an ``Embedding``, id i = row i), stored exactly as
-    ``build_gallery`` stores them (fp16 keys/values); no image files (``path`` ``encoded/<id>``)."""
+    ``build_gallery`` stores them (fp16 keys/values, or ``codec``'s codes); no image files (``encoded/<id>``)."""
     _geometric(model)
     check_out(out)
     rec = _model_record(model, ckpt)
     n = len(images)
+    _check_codec(codec, rec, train_images, n)
     staging = StagedDir.next_to(Path(out))
     try:
         for name, x, dtype in (("keys", images.attn, np.float16), ("values", images.value, np.float16),
@@ -244,7 +272,7 @@ def build_gallery_from_embedding(model, images, out: str | os.PathLike, ckpt: st
             _save_rows(staging.tmp / f"{name}.npy", tuple(x.shape), dtype, blocks)
         meta = [{"id": i, "path": f"encoded/{i}", "width": 0, "height": 0} for i in range(n)]
         kind, shards = _write_global(staging.tmp, images.pooled.float().cpu().numpy(), index_type, shard_size)
-        return _commit(staging, rec, meta, kind, shards, [])
+        return _commit(staging, rec, meta, kind, shards, [], codec, train_images)
     except BaseException:
         staging.discard()
         raise
@@ -261,9 +289,11 @@ def folder_items(folder: str | os.PathLike) -> tuple[FolderItems, int]:
 def build_random_gallery(out: str | os.PathLike, count: int, num_heads: int, num_patches: int, d_a: int, d_e: int,
                          d_global: int, index_type: str = "auto", seed: int = 0, chunk: int = 10_000,
                          model_path: str | None = None, model_sha256: str | None = None,
-                         shard_size: int | None = 100_000) -> dict:
+                         shard_size: int | None = 100_000, codec: str = "fp16",
+                         train_images: int = TRAIN_IMAGES) -> dict:
     """A gallery of random unit vectors (no images, no encoding) — for load tests of large indexes."""
     check_out(out)
+    _check_codec(codec, {"d_a": d_a, "d_e": d_e, "num_patches": num_patches}, train_images, count)
     rng = np.random.default_rng(seed)
 
     def blocks(shape, unit):
@@ -283,7 +313,7 @@ def build_random_gallery(out: str | os.PathLike, count: int, num_heads: int, num
         rec = {"path": model_path, "sha256": model_sha256, "num_heads": num_heads, "d_a": d_a, "d_e": d_e,
                "d_global": d_global, "num_patches": num_patches, "image_size": None}
         kind, shards = _write_global(staging.tmp, pooled, index_type, shard_size)
-        return _commit(staging, rec, meta, kind, shards, [])
+        return _commit(staging, rec, meta, kind, shards, [], codec, train_images)
     except BaseException:
         staging.discard()
         raise

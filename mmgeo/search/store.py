@@ -11,6 +11,12 @@ Layout of an index directory (format ``mmgeo-gallery`` v1, or v2 when sharded)::
     mask.npy        (N, L) bool          real patches
     meta.json       [{"id", "path", "width", "height"}] — ``path`` relative to the directory when inside it
 
+A compressed re-rank store (v3, ``serve build --codec``; ``mmgeo.search.codecs``, docs/design.md §10) replaces the
+three arrays by ``keys.codes.npy`` / ``values.codes.npy`` (N, H, L, code_size) uint8, ``mask.bits.npy`` (packed
+bits; absent when every patch is real) and ``codebooks/{keys,values}.<head>.faiss``; the manifest's ``store``
+record names the codec, ``bytes_per_image``, ``codebook_bytes`` and each codebook's size and SHA-256, all checked on
+load. Every store is read through ``Gallery.candidate_blocks``.
+
 Builds are atomic (``mmgeo.io.StagedDir``): everything is written into a temp directory next to the target,
 which replaces the target only once complete, so an interrupted build never leaves a half index that loads; a
 missing index that a killed build left at ``.NAME.old-*`` is renamed back before loading (``mmgeo.io``).
@@ -19,7 +25,6 @@ missing index that a killed build left at ``.NAME.old-*`` is renamed back before
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 from pathlib import Path
@@ -27,12 +32,26 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mmgeo.io import restore_interrupted
+from mmgeo.io import file_sha256, restore_interrupted
+from mmgeo.search.codecs import (
+    CODECS,
+    CODES_FILE,
+    MASK_BITS_FILE,
+    ROLES,
+    CodebookError,
+    decode,
+    load_quantizers,
+    unpack_mask,
+)
 from mmgeo.search.shards import ShardedIndex, ShardsError
 
 FORMAT = "mmgeo-gallery"
-VERSIONS = (1, 2)  # v2 = v1 + a sharded global index; unsharded indexes are still written as v1 (older mmgeo reads)
-FILES = ("manifest.json", "keys.npy", "values.npy", "mask.npy", "meta.json")  # + global.faiss or global.shards/
+VERSIONS = (1, 2, 3)  # v2 = v1 + a sharded global index; v3 = a compressed re-rank store. An fp16 store is still
+#                       written as v1 / v2, so older mmgeo reads it
+META_FILES = ("manifest.json", "meta.json")  # + the store's files (store_files) + global.faiss or global.shards/
+FP16_FILES = ("keys.npy", "values.npy", "mask.npy")
+BLOCK_IMAGES = 32  # candidates decoded to fp32 at a time (candidate_blocks)
+BLOCK_BYTES = 16 << 20  # and at most this many fp32 bytes of keys + values per block
 SHARDS_DIR = "global.shards"
 REBUILD = "rebuild it with `python -m serve build`"
 
@@ -41,13 +60,11 @@ class GalleryError(ValueError):
     """An index directory that cannot be used (missing file, wrong version, other model)."""
 
 
-def file_sha256(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
-    """Hex SHA-256 of a file (the checkpoint an index records), read in chunks."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
+def store_files(store: dict) -> list[str]:
+    """The files of a manifest's re-rank ``store`` record (codebooks are listed in the record itself)."""
+    if store["codec"] == "fp16":
+        return list(FP16_FILES)
+    return [CODES_FILE.format(role=role) for role in ROLES] + ([MASK_BITS_FILE] if store["mask"] == "packed" else [])
 
 
 class Gallery:
@@ -75,16 +92,46 @@ class Gallery:
         shards = self.manifest.get("shards")
         if shards and ver < 2:
             raise GalleryError(f"{mpath} is v{ver} but lists shards (a v2 feature); rebuild the index")
-        missing = [f for f in FILES if not (self.root / f).is_file()]
+        self.store = self.manifest.get("store") or {"codec": "fp16", "mask": "bool"}  # v1 / v2: fp16
+        self.codec = self.store["codec"]
+        if self.codec not in CODECS or (self.codec != "fp16" and ver < 3):
+            raise GalleryError(f"{mpath} v{ver} names re-rank store codec {self.codec!r}; this mmgeo reads "
+                               f"{', '.join(CODECS)} (compressed ones in v3) — {REBUILD}")
+        files = [*META_FILES, *store_files(self.store)]
+        missing = [f for f in files if not (self.root / f).is_file()]
         if not shards and not (self.root / "global.faiss").is_file():
             missing.append("global.faiss")
         if missing:
             raise GalleryError(f"index {self.root} is missing {missing}; {REBUILD}")
-        self.model_record = self.manifest["model"]
+        self.model_record = r = self.manifest["model"]
         self.count = int(self.manifest["count"])
-        self.keys = np.load(self.root / "keys.npy", mmap_mode="r")  # (N, H, L, d_a) fp16
-        self.values = np.load(self.root / "values.npy", mmap_mode="r")  # (N, H, L, d_e) fp16
-        self.mask = np.load(self.root / "mask.npy", mmap_mode="r")  # (N, L) bool
+        H, L = r["num_heads"], r["num_patches"]
+        self.dims = {"keys": r["d_a"], "values": r["d_e"]}
+        if self.codec == "fp16":
+            self.keys = np.load(self.root / "keys.npy", mmap_mode="r")  # (N, H, L, d_a) fp16
+            self.values = np.load(self.root / "values.npy", mmap_mode="r")  # (N, H, L, d_e) fp16
+            self.mask = np.load(self.root / "mask.npy", mmap_mode="r")  # (N, L) bool
+            arrays = {"keys.npy": self.keys, "values.npy": self.values, "mask.npy": self.mask}
+            expect = {"keys.npy": (self.count, H, L, r["d_a"]), "values.npy": (self.count, H, L, r["d_e"]),
+                      "mask.npy": (self.count, L)}
+        else:
+            try:
+                self.quantizers = load_quantizers(self.root, self.store, H, self.dims)  # role -> one per head
+            except CodebookError as err:
+                raise GalleryError(str(err)) from err
+            self.codes = {role: np.load(self.root / CODES_FILE.format(role=role), mmap_mode="r")  # (N, H, L, cs)
+                          for role in ROLES}
+            self.mask_bits = (np.load(self.root / MASK_BITS_FILE, mmap_mode="r")  # (N, ceil(L / 8)) uint8
+                              if self.store["mask"] == "packed" else None)
+            arrays = {CODES_FILE.format(role=role): self.codes[role] for role in ROLES}
+            expect = {CODES_FILE.format(role=role): (self.count, H, L, self.quantizers[role][0].sa_code_size())
+                      for role in ROLES}
+            if self.mask_bits is not None:
+                arrays[MASK_BITS_FILE], expect[MASK_BITS_FILE] = self.mask_bits, (self.count, -(-L // 8))
+        for name, shape in expect.items():
+            if tuple(arrays[name].shape) != shape:
+                raise GalleryError(f"{name} has shape {tuple(arrays[name].shape)}, manifest says {shape}; "
+                                   "the index is damaged — rebuild it")
         self.meta = json.loads((self.root / "meta.json").read_text())
         if shards:  # memory-mapped shards, searched and merged by ShardedIndex (same search() as a FAISS index)
             try:
@@ -93,14 +140,6 @@ class Gallery:
                 raise GalleryError(f"index {self.root}: {err}") from err
         else:
             self.index = faiss.read_index(str(self.root / "global.faiss"))
-        r = self.model_record
-        expect = {"keys": (self.count, r["num_heads"], r["num_patches"], r["d_a"]),
-                  "values": (self.count, r["num_heads"], r["num_patches"], r["d_e"]),
-                  "mask": (self.count, r["num_patches"])}
-        for name, shape in expect.items():
-            if tuple(getattr(self, name).shape) != shape:
-                raise GalleryError(f"{name}.npy has shape {tuple(getattr(self, name).shape)}, manifest says {shape}; "
-                                   "the index is damaged — rebuild it")
         if self.index.ntotal != self.count or len(self.meta) != self.count:
             raise GalleryError(f"global.faiss holds {self.index.ntotal} vectors and meta.json {len(self.meta)} rows, "
                                f"manifest says {self.count}; rebuild the index")
@@ -123,12 +162,14 @@ class Gallery:
 
     def check_images(self, images, sample: int = 256, rtol: float = 0.05) -> None:
         """Raise GalleryError unless stored image i holds the keys of row i of ``images`` (an ``Embedding`` of
-        the same model), on up to ``sample`` evenly spaced ids; ``rtol`` allows fp16 storage and device rounding."""
+        the same model), on up to ``sample`` evenly spaced ids; ``rtol`` allows fp16 storage and device rounding,
+        plus twice the key error a compressed store measured on its training sample."""
+        rtol += 2 * self.store.get("rel_error", {}).get("keys", 0.0)
         if len(images) != self.count:
             raise GalleryError(f"the index holds {self.count} images, the encoded set {len(images)}")
         for i in np.unique(np.linspace(0, self.count - 1, min(sample, self.count)).round().astype(int)):
             want = images.attn[i].float().cpu()  # (H, L, d_a)
-            err = float((torch.from_numpy(np.array(self.keys[i], np.float32)) - want).norm() / want.norm())
+            err = float((self.image_keys(int(i)) - want).norm() / want.norm())
             if not err <= rtol:
                 raise GalleryError(f"image {i} of the index is not image {i} of the encoded set (relative key "
                                    f"difference {err:.3g}); build the index from the same images in the same order")
@@ -137,16 +178,43 @@ class Gallery:
         p = Path(self.meta[image_id]["path"])
         return p if p.is_absolute() else self.root / p
 
-    def candidates(self, ids) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Keys (H, K, L, d_a), values (H, K, L, d_e) as float32, head-major, and mask (K, L) of the given ids.
+    def image_keys(self, image_id: int) -> torch.Tensor:
+        """(H, L, d_a) float32 keys of one image (decoded when the store is compressed)."""
+        return next(self.candidate_blocks([image_id]))[0][:, 0]
 
-        Read from the memory-mapped fp16 arrays (only those rows are touched); the fp16 -> fp32 conversion and
-        the (K, H) -> (H, K) transpose are one copy, so each head's K·L keys are one matrix for one GEMM.
+    def image_mask(self, image_id: int) -> torch.Tensor:
+        """(L,) bool: the image's real patches."""
+        return next(self.candidate_blocks([image_id]))[2][0]
+
+    def block_size(self) -> int:
+        """Candidates per block: ``BLOCK_IMAGES``, fewer when their fp32 keys + values would pass ``BLOCK_BYTES``."""
+        r = self.model_record
+        per_image = 4 * r["num_heads"] * r["num_patches"] * (r["d_a"] + r["d_e"])
+        return max(1, min(BLOCK_IMAGES, BLOCK_BYTES // per_image))
+
+    def candidate_blocks(self, ids, block: int | None = None):
+        """Yield keys (H, K_b, L, d_a), values (H, K_b, L, d_e) float32, head-major, and mask (K_b, L) bool of
+        consecutive blocks of ``block`` (default ``block_size()``) of the given ids, in order.
+
+        Only those rows of the memory-mapped store are read; fp16 rows are converted and transposed in one copy,
+        codes are decoded by their quantizers (``mmgeo.search.codecs.decode``). fp32 keys/values exist for one
+        block at a time, so memory does not grow with K'.
         """
         ids = np.asarray(ids, dtype=np.int64)
-        out = []
-        for arr in (self.keys, self.values):
-            rows = torch.from_numpy(arr[ids])  # (K, H, L, d) fp16
-            t = torch.empty(rows.shape[1], rows.shape[0], *rows.shape[2:])  # (H, K, L, d) fp32
-            out.append(t.copy_(rows.transpose(0, 1)))
-        return out[0], out[1], torch.from_numpy(self.mask[ids])
+        block = block or self.block_size()
+        L = self.model_record["num_patches"]
+        for start in range(0, len(ids), block):
+            rows = ids[start:start + block]
+            if self.codec == "fp16":
+                kv = []
+                for arr in (self.keys, self.values):
+                    x = torch.from_numpy(arr[rows])  # (K_b, H, L, d) fp16
+                    kv.append(torch.empty(x.shape[1], x.shape[0], *x.shape[2:]).copy_(x.transpose(0, 1)))
+                yield kv[0], kv[1], torch.from_numpy(self.mask[rows])
+                continue
+            keys, values = (decode(self.quantizers[role], self.codes[role][rows]) for role in ROLES)
+            if self.mask_bits is None:  # every patch of every image is real
+                mask = torch.ones(len(rows), L, dtype=torch.bool)
+            else:
+                mask = torch.from_numpy(unpack_mask(self.mask_bits[rows], L))
+            yield keys, values, mask

@@ -26,12 +26,20 @@ def rerank_scores(q: torch.Tensor, q_mask: torch.Tensor, u: torch.Tensor, keys: 
     """The geometric score (``mmgeo.kernels.pair_score``'s numbers) of one caption against K candidate images.
 
     q (H, T, d_a), q_mask (T,), u (H, T, d_e) of the caption; keys (H, K, S, d_a), values (H, K, S, d_e) and
-    mask (K, S) from ``Gallery.candidates`` -> (K,), by ``candidate_scores``: two GEMMs per head over all
-    K·S patches at once (<q_t, k_j> and <u_t, v_j>), not K small ones.
+    mask (K, S), e.g. a block of ``Gallery.candidate_blocks`` -> (K,), by ``candidate_scores``: two GEMMs per
+    head over all K·S patches at once (<q_t, k_j> and <u_t, v_j>), not K small ones.
     """
     q, u = q[:, q_mask].float(), u[:, q_mask].float()  # (H, n, d) real tokens only
     per_token = candidate_scores(q, u, keys, values, mask)  # (n, K), summed over heads; scale 1/sqrt(d_a)
     return per_token.mean(0) / q.shape[0]  # mean over tokens and heads
+
+
+def rerank_candidates(q: torch.Tensor, q_mask: torch.Tensor, u: torch.Tensor, gallery: Gallery, ids,
+                      block: int | None = None) -> torch.Tensor:
+    """``rerank_scores`` of one caption (q (H, T, d_a), q_mask (T,), u (H, T, d_e)) against the gallery images
+    ``ids`` (K,) -> (K,), a block of candidates at a time (``Gallery.candidate_blocks``: read, decoded when the
+    store is compressed, scored, dropped), whatever the store's codec."""
+    return torch.cat([rerank_scores(q, q_mask, u, *kv) for kv in gallery.candidate_blocks(ids, block)])
 
 
 @torch.inference_mode()
@@ -40,7 +48,7 @@ def search_texts(model, gallery: Gallery, texts, ks, reranks, k_prime: int = 100
 
     One FAISS search for the batch over the global vectors (top ``max(k, k_prime)`` for a re-ranked query,
     top ``k`` otherwise); each re-ranked query's K' candidates are read (fp16 on disk, fp32 here) and
-    re-scored by the geometric score against their stored keys/values (``rerank_scores``).
+    re-scored by the geometric score against their stored keys/values (``rerank_candidates``).
     """
     want = [min(max(k, k_prime) if r else k, gallery.count) for k, r in zip(ks, reranks)]  # per query
     q = np.ascontiguousarray(texts.pooled.float().cpu().numpy())  # (B, d_g)
@@ -55,7 +63,7 @@ def search_texts(model, gallery: Gallery, texts, ks, reranks, k_prime: int = 100
     texts = texts.to("cpu")
     for i in rows:
         c = ids[i][valid[i]]  # (K'_i,) candidates
-        s = rerank_scores(texts.attn[i], texts.mask[i], texts.value[i], *gallery.candidates(c)).numpy()  # (K'_i,)
+        s = rerank_candidates(texts.attn[i], texts.mask[i], texts.value[i], gallery, c).numpy()  # (K'_i,)
         order = np.argsort(-s, kind="stable")[:ks[i]]
         out[i] = c[order], s[order]
     return out
@@ -111,7 +119,7 @@ def rank_captions(model, gallery: Gallery, texts, k_prime: int = 100, batch_size
 
 @torch.inference_mode()
 def evaluate_split(model, split, k_prime: int = 100, index_type: str = "flat", gallery: Gallery | None = None,
-                   progress: bool = True) -> tuple[torch.Tensor, dict]:
+                   progress: bool = True, codec: str = "fp16") -> tuple[torch.Tensor, dict]:
     """Two-stage evaluation of an encoded split (``mmgeo.retrieval.EncodedSplit``) by the service's search over
     ``gallery`` (built from the split's images in the split's order: checked, GalleryError if not), or over a
     temporary gallery of the split's encoded images with ``index_type``.
@@ -124,22 +132,25 @@ def evaluate_split(model, split, k_prime: int = 100, index_type: str = "flat", g
     if gallery is not None:
         gallery.check_images(split.images)
         ranking = rank_captions(model, gallery, split.texts, k_prime, progress=progress)
-        where, kind = str(gallery.root), gallery.manifest["index_type"]
+        where, kind, store = str(gallery.root), gallery.manifest["index_type"], gallery.store
     else:
         with tempfile.TemporaryDirectory(prefix="mmgeo-eval-") as tmp:
-            build_gallery_from_embedding(model, split.images, Path(tmp) / "index", index_type=index_type)
+            build_gallery_from_embedding(model, split.images, Path(tmp) / "index", index_type=index_type,
+                                         codec=codec)
             temp = Gallery(Path(tmp) / "index")
             ranking = rank_captions(model, temp, split.texts, k_prime, progress=progress)
-            where, kind = None, temp.manifest["index_type"]
+            where, kind, store = None, temp.manifest["index_type"], temp.store
             del temp  # its memory maps, before the directory goes
+    what = "fp16 keys/values" if store["codec"] == "fp16" else f"keys/values (decoded from {store['codec']} codes)"
     measured = {
         "text_to_image": f"two-stage by the service's search (mmgeo.search.two_stage.search_texts): FAISS ({kind}) "
-                         f"top-{k_prime} by global score, re-ranked by the geometric score of the stored fp16 "
-                         "keys/values; images outside a caption's candidates ranked after them by global score",
+                         f"top-{k_prime} by global score, re-ranked by the geometric score of the stored {what}; "
+                         "images outside a caption's candidates ranked after them by global score",
         "image_to_text": "two-stage, read from the text->image candidates (the service has no image->text "
                          "search): each image's captions that had it among their candidates, by geometric score, "
                          "then the other captions by global score"}
     return ranking.score_matrix(global_scores), {
-        "two_stage": {"index": where, "index_type": kind, "k_prime": k_prime},
+        "two_stage": {"index": where, "index_type": kind, "k_prime": k_prime,
+                      "store": {k: v for k, v in store.items() if k != "quantizers"}},
         "first_stage": {"k_prime": k_prime, **ranking.first_stage_recall(split.text_to_image)},
         "measured": measured}

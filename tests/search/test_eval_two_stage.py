@@ -60,7 +60,8 @@ def test_index_ranks_are_the_services_search(gallery_env, split, built, kind, tm
     gallery = Gallery(built / kind)
     assert result["mode"] == "two-stage" and result["model"] == str(gallery_env.ckpt.resolve())
     assert result["two_stage"] == {"index": str(built / kind), "index_type": gallery.manifest["index_type"],
-                                   "k_prime": K_PRIME}
+                                   "k_prime": K_PRIME, "store": gallery.manifest["store"]}
+    assert result["two_stage"]["store"]["codec"] == "fp16"
     assert result["counts"] == {"images": N, "captions": 5 * N}
     assert "service's search" in result["measured"]["text_to_image"]
     assert "read from the text->image candidates" in result["measured"]["image_to_text"]
@@ -89,7 +90,9 @@ def test_flat_with_every_image_a_candidate_is_exact_scoring(gallery_env, split, 
     eval_app.main(["--ckpt", str(gallery_env.ckpt), "--limit", str(N), "--mode", "two-stage", "--index-type", "flat",
                    "--k-prime", str(N), "--out", str(out)])
     result = json.loads(out.read_text())
-    assert result["two_stage"] == {"index": None, "index_type": "flat", "k_prime": N}
+    assert {k: v for k, v in result["two_stage"].items() if k != "store"} == {"index": None, "index_type": "flat",
+                                                                             "k_prime": N}
+    assert result["two_stage"]["store"]["codec"] == "fp16"
     scores, record = evaluate_split(model, split, N, "flat", progress=False)
     assert retrieval_metrics(scores, split.text_to_image) == result["metrics"]
     assert record["first_stage"]["text_to_image_first_stage_recall"] == 1.0
@@ -108,6 +111,30 @@ def test_flat_with_every_image_a_candidate_is_exact_scoring(gallery_env, split, 
     fp16_ties = near_tie_rows(fp32, owner, 2e-3)  # fp16 storage may flip only near-ties
     t2i = text_to_image_ranks(scores, owner)
     assert torch.equal(text_to_image_ranks(fp32, owner)[~fp16_ties], t2i[~fp16_ties])
+
+
+def test_a_coded_index_and_a_coded_temporary_gallery_rank_alike(gallery_env, tmp_path, capsys):
+    """`serve build --codec sq8` evaluated through --index and `eval.py --mode two-stage --codec sq8` (a temporary
+    gallery) re-rank from the same codes: same metrics; the JSON and the printout name the codec."""
+    from serve.cli import main
+
+    assert main(["build", "--ckpt", str(gallery_env.ckpt), "--data", "synthetic", "--split", "test", "--limit",
+                 str(N), "--no-progress", "--batch-size", "256", "--codec", "sq8", "--out", str(tmp_path / "i")]) == 0
+    assert "re-rank store sq8: 512 bytes per image" in capsys.readouterr().out  # 2 heads x 16 patches x 16 dims
+    eval_app.main(["--index", str(tmp_path / "i"), "--k-prime", str(K_PRIME), "--out", str(tmp_path / "a.json")])
+    eval_app.main(["--ckpt", str(gallery_env.ckpt), "--limit", str(N), "--mode", "two-stage", "--codec", "sq8",
+                   "--k-prime", str(K_PRIME), "--out", str(tmp_path / "b.json")])
+    a, b = (json.loads((tmp_path / f).read_text()) for f in ("a.json", "b.json"))
+    assert a["metrics"] == b["metrics"]
+    for r in (a, b):
+        assert r["two_stage"]["store"]["codec"] == "sq8" and r["two_stage"]["store"]["bytes_per_image"] == 512
+        assert "decoded from sq8 codes" in r["measured"]["text_to_image"]
+    assert "sq8 re-rank store of 512 bytes per image" in capsys.readouterr().out
+    for argv, msg in ((["--index", str(tmp_path / "i"), "--codec", "pq8"], "an --index gallery has its own codec"),
+                      (["--ckpt", str(gallery_env.ckpt), "--codec", "pq8"], "--codec applies to --mode two-stage")):
+        with pytest.raises(SystemExit):
+            eval_app.main(argv)
+        assert msg in capsys.readouterr().err
 
 
 def test_two_stage_reranks_only_the_first_stage_candidates(gallery_env, split):

@@ -53,9 +53,10 @@ def test_sigkill_during_build_keeps_the_old_index(serve_env, tmp_path):
     assert not list(tmp_path.glob(".live.*")) and len(Gallery(target)) == 5
 
 
-# Loads the model once, then for each "N MODE" line on stdin forks a child that builds the new index over the
-# target with os/shutil/file-write calls counted, SIGKILLing itself at call N (0: never; it prints the calls).
-# MODE "fallback" makes renameat2 unavailable (two renames). Answers one line per child: its wait status.
+# Loads the model once, then for each "N MODE CODEC" line on stdin forks a child that builds the new index (re-rank
+# store CODEC) over the target with os/shutil/file-write calls counted, SIGKILLing itself at call N (0: never; it
+# prints the calls). MODE "fallback" makes renameat2 unavailable (two renames). Answers one line per child: its wait
+# status.
 DRIVER = r'''
 import errno, json, os, pathlib, shutil, signal, sys
 import faiss
@@ -71,7 +72,7 @@ torch.set_num_threads(1)
 print("ready", flush=True)
 
 
-def child(kill_at, mode):
+def child(kill_at, mode, codec):
     calls = []
 
     def wrap(owner, name, label):
@@ -93,16 +94,16 @@ def child(kill_at, mode):
                         (pathlib.Path, "write_text")]:
         wrap(owner, name, name)
     items, n = folder_items(images)
-    build_gallery(model, items, n, target, progress=False)
+    build_gallery(model, items, n, target, progress=False, codec=codec)
     print(json.dumps(calls), flush=True)
 
 
 for line in sys.stdin:
-    n, mode = line.split()
+    n, mode, codec = line.split()
     pid = os.fork()
     if pid == 0:
         try:
-            child(int(n), mode)
+            child(int(n), mode, codec)
         finally:
             os._exit(0)
     _, status = os.waitpid(pid, 0)
@@ -124,7 +125,7 @@ def _state(target: Path, old_manifest: str) -> str:
 def test_sigkill_at_every_step_of_a_replacing_build(serve_env, tmp_path):
     """Kill points: every fsync, rename/replace, renameat2, mkdir, unlink, rmdir, rmtree, write_text and FAISS
     write of a build that replaces an index (also inside the removal of the old one), with the exchange and with
-    the two-rename fallback."""
+    the two-rename fallback, and of a build with a compressed store (codebooks written, fp16 arrays removed)."""
     from mmgeo.search.build import build_gallery, folder_items
 
     new_images = tmp_path / "new_photos"  # the new index: 3 of the 5 images of the old one
@@ -142,11 +143,11 @@ def test_sigkill_at_every_step_of_a_replacing_build(serve_env, tmp_path):
     watchdog = threading.Timer(300, proc.kill)  # a hung child fails the test instead of hanging the suite
     watchdog.start()
 
-    def run(n: int, mode: str) -> list[str] | None:
+    def run(n: int, mode: str, codec: str) -> list[str] | None:
         if target.exists():
             shutil.rmtree(target)
         shutil.copytree(serve_env.folder_idx, target)
-        proc.stdin.write(f"{n} {mode}\n")
+        proc.stdin.write(f"{n} {mode} {codec}\n")
         proc.stdin.flush()
         calls = None
         line = proc.stdout.readline()
@@ -167,16 +168,18 @@ def test_sigkill_at_every_step_of_a_replacing_build(serve_env, tmp_path):
     try:
         assert proc.stdout.readline().strip() == "ready"
         killed = 0
-        for mode in ("exchange", "fallback"):
-            calls = run(0, mode)
+        for mode, codec in (("exchange", "fp16"), ("fallback", "fp16"), ("exchange", "sq8")):
+            calls = run(0, mode, codec)
             assert _state(target, old_manifest) == "new" and sorted(os.listdir(target.parent)) == ["live"]
             swap = "renameat2" if mode == "exchange" else "replace"
             first_swap = calls.index(swap) + 1
             # exchange: every call (27 with this gallery); fallback: every call from the commit's first fsync on
             points = list(range(1 if mode == "exchange" else calls.index("fsync") + 1, len(calls) + 1))
             states = []
+            if codec != "fp16":  # the codebooks and the removal of the fp16 arrays are among the kill points
+                assert calls.count("write_index") > 1 and "unlink" in calls[:first_swap]
             for n in points:
-                run(n, mode)
+                run(n, mode, codec)
                 states.append(_state(target, old_manifest))
                 cleanup_build()
                 killed += 1
@@ -185,7 +188,7 @@ def test_sigkill_at_every_step_of_a_replacing_build(serve_env, tmp_path):
             if mode == "fallback":  # killed between the two renames: the old index is restored
                 want = ["old" if n <= first_swap + 1 else "new" for n in points]
             assert states == want, list(zip(points, [calls[n - 1] for n in points], states))
-        assert killed >= 40
+        assert killed >= 60
     finally:
         watchdog.cancel()
         proc.stdin.close()

@@ -1,0 +1,176 @@
+"""Re-rank store codecs side by side: bytes per image, two-stage R@1 / R@5 through a built index, re-rank latency
+per query, build time, and the store size projected to 1M / 100M images at the ``geo-vitb16-bert`` shapes.
+
+    python benchmarks/codecs.py --ckpt runs/synthetic/model.pt [--codecs fp16 sq8 ... ] [--split test]
+                                [--k-prime 100] [--latency-queries 300] [--out runs/codecs]
+                                [--report-to docs/serve.md]          # fills its <!-- codecs:start/end --> section
+    python benchmarks/codecs.py --ckpt M --limit 60 --codecs fp16 sq8 --latency-queries 5   # smoke run
+
+The split is encoded once. Exact fp32 scoring of every (caption, image) pair is the reference. Each codec's index
+is built from those encoded images (``build_gallery_from_embedding``: fp16 arrays, then the codec's quantizers
+trained on them and the codes written; "build s" is that, image encoding excluded) and evaluated by
+``evaluate_split`` over it: FAISS top-K' by global score, re-ranked from the store (image->text read from the
+text->image candidates, as eval.py does). Latency: the same queries and the same FAISS candidates for every codec,
+``rerank_candidates`` timed per query with the codecs interleaved query by query (one thread), so machine load
+falls on all of them alike. Writes results.md and codecs.json under --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+from benchmarks.report import check_markers, report_to  # noqa: E402 - after the path
+
+SCALES = (1_000_000, 100_000_000)
+BIG_MODEL = "geo-vitb16-bert"
+
+
+def parse(argv=None) -> argparse.Namespace:
+    from mmgeo.search.codecs import CODECS
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ckpt", required=True, help="geometric model.pt (e.g. the default run's runs/synthetic)")
+    p.add_argument("--data", default="synthetic")
+    p.add_argument("--split", default="test")
+    p.add_argument("--limit", type=int, default=None, help="only the first N images of the split")
+    p.add_argument("--codecs", nargs="+", default=list(CODECS), choices=list(CODECS))
+    p.add_argument("--k-prime", type=int, default=100)
+    p.add_argument("--latency-queries", type=int, default=300, help="captions timed per codec")
+    p.add_argument("--out", default="runs/codecs")
+    p.add_argument("--report-to", default=None, help="also replace the <!-- codecs:start/end --> section of this file")
+    return p.parse_args(argv)
+
+
+def pct(x: float) -> str:
+    return f"{100 * x:.1f}"
+
+
+def projected(codec: str) -> dict:
+    """Bytes per image and store size at 1M / 100M images for the big model's shapes (every patch real)."""
+    from mmgeo.models.registry import model_config
+    from mmgeo.search.codecs import bytes_per_image
+
+    cfg = model_config(BIG_MODEL)
+    L = (cfg.image_size // cfg.patch_size) ** 2
+    per = bytes_per_image(codec, cfg.num_heads, L, cfg.d_a, cfg.d_e, "bool" if codec == "fp16" else "all")
+    return {"bytes_per_image": per, **{str(n): per * n for n in SCALES}}
+
+
+def human(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB", "PB"):
+        if n < 1000:
+            return f"{n:.3g} {unit}"
+        n /= 1000
+    return f"{n:.3g} EB"
+
+
+def latencies(model, galleries: dict, texts, candidates, n: int) -> dict:
+    """Per codec: milliseconds of ``rerank_candidates`` per query over the same candidates, interleaved."""
+    import torch
+
+    from mmgeo.search.two_stage import rerank_candidates
+
+    times = {c: [] for c in galleries}
+    order = list(galleries)
+    with torch.inference_mode():
+        for i in range(min(n, len(texts))):
+            order = order[1:] + order[:1]  # rotate who goes first
+            for c in order:
+                t = time.perf_counter()
+                rerank_candidates(texts.attn[i], texts.mask[i], texts.value[i], galleries[c], candidates[i])
+                times[c].append(1000 * (time.perf_counter() - t))
+    return {c: {"median_ms": statistics.median(v), "p99_ms": sorted(v)[min(len(v) - 1, int(0.99 * len(v)))]}
+            for c, v in times.items()}
+
+
+def main(argv=None) -> dict:
+    args = parse(argv)
+    import faiss
+    import numpy as np
+    import torch
+
+    from mmgeo.checkpoint import load_model
+    from mmgeo.data import build_dataset
+    from mmgeo.metrics import retrieval_metrics
+    from mmgeo.retrieval import encode_split, exact_scores
+    from mmgeo.search.build import build_gallery_from_embedding
+    from mmgeo.search.store import Gallery
+    from mmgeo.search.two_stage import evaluate_split
+
+    if args.report_to:
+        check_markers(Path(args.report_to).resolve(), "codecs")
+    torch.set_num_threads(1)
+    faiss.omp_set_num_threads(1)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    model = load_model(args.ckpt, device="cpu")
+    dataset = build_dataset(args.data, args.split, image_size=model.cfg.image_size, size=args.limit)
+    split = encode_split(model, dataset)
+    keys = ("text_to_image_R@1", "text_to_image_R@5", "image_to_text_R@1", "image_to_text_R@5")
+    exact = retrieval_metrics(exact_scores(model, split.texts, split.images, "geometric"), split.text_to_image)
+    rows, galleries = {}, {}
+    with tempfile.TemporaryDirectory(prefix="mmgeo-codecs-") as tmp:
+        for codec in args.codecs:
+            t = time.perf_counter()
+            build_gallery_from_embedding(model, split.images, Path(tmp) / codec, index_type="flat", codec=codec)
+            build_s = time.perf_counter() - t
+            galleries[codec] = g = Gallery(Path(tmp) / codec)
+            scores, _ = evaluate_split(model, split, args.k_prime, gallery=g)
+            m = retrieval_metrics(scores, split.text_to_image, scores_i2t=scores)
+            rows[codec] = {"bytes_per_image": g.store["bytes_per_image"], "codebook_bytes": g.store["codebook_bytes"],
+                           "rel_error": g.store.get("rel_error"), "build_s": round(build_s, 2),
+                           **{k: m[k] for k in keys}, **{f"delta_{k}": m[k] - exact[k] for k in keys}}
+            print(f"[codecs] {codec}: {g.store['bytes_per_image']} B/image, text->image R@1 "
+                  f"{pct(m['text_to_image_R@1'])} (exact {pct(exact['text_to_image_R@1'])})", flush=True)
+        q = np.ascontiguousarray(split.texts.pooled.float().numpy())  # (N_t, d_g)
+        _, cand = galleries[args.codecs[0]].index.search(q[:args.latency_queries], args.k_prime)  # (n, K')
+        for codec, lat in latencies(model, galleries, split.texts, cand, args.latency_queries).items():
+            rows[codec].update(lat)
+        galleries.clear()  # close the memory maps before the folder goes
+    fp16_bytes = rows["fp16"]["bytes_per_image"] if "fp16" in rows else None
+    result = {"ckpt": str(args.ckpt), "data": args.data, "split": args.split, "images": len(split.images),
+              "captions": len(split.texts), "k_prime": args.k_prime, "exact": {k: exact[k] for k in keys},
+              "codecs": rows, "projected": {c: projected(c) for c in args.codecs}, "model_for_projection": BIG_MODEL,
+              "command": "python benchmarks/codecs.py " + " ".join(argv if argv is not None else sys.argv[1:])}
+    text = markdown(result, fp16_bytes)
+    (out / "codecs.json").write_text(json.dumps(result, indent=1))
+    (out / "results.md").write_text(text)
+    print(text)
+    if args.report_to:
+        report_to(Path(args.report_to).resolve(), "codecs", text)
+    return result
+
+
+def markdown(r: dict, fp16_bytes: int | None) -> str:
+    e = r["exact"]
+    lines = [f"`{r['command']}` — {r['data']} {r['split']}, {r['images']:,} images, {r['captions']:,} captions, "
+             f"K' = {r['k_prime']}, one thread. Exact fp32 scoring: text→image R@1 {pct(e['text_to_image_R@1'])}, "
+             f"image→text R@1 {pct(e['image_to_text_R@1'])}.", "",
+             "| codec | bytes / image | of fp16 | codebooks | T→I R@1 | T→I R@5 | I→T R@1 | I→T R@5 | Δ R@1 vs exact "
+             "(T→I / I→T) | re-rank ms / query (median / p99) | build s |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for c, x in r["codecs"].items():
+        frac = f"1/{fp16_bytes / x['bytes_per_image']:.1f}" if fp16_bytes else "–"
+        lines.append(f"| {c} | {x['bytes_per_image']:,} | {frac} | {human(x['codebook_bytes'])} | "
+                     f"{pct(x['text_to_image_R@1'])} | {pct(x['text_to_image_R@5'])} | {pct(x['image_to_text_R@1'])} | "
+                     f"{pct(x['image_to_text_R@5'])} | {100 * x['delta_text_to_image_R@1']:+.1f} / "
+                     f"{100 * x['delta_image_to_text_R@1']:+.1f} | {x['median_ms']:.2f} / {x['p99_ms']:.2f} | "
+                     f"{x['build_s']:.1f} |")
+    lines += ["", f"Projected re-rank store at the `{r['model_for_projection']}` shapes (every patch real; codebooks "
+              "not included):", "", "| codec | bytes / image | 1M images | 100M images |", "|---|---:|---:|---:|"]
+    for c, p in r["projected"].items():
+        lines.append(f"| {c} | {p['bytes_per_image']:,} | {human(p[str(SCALES[0])])} | {human(p[str(SCALES[1])])} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,229 @@
+"""Codecs of the re-rank store (docs/design.md §10): how an index keeps every image's keys k and values v̂.
+
+``fp16`` stores them as they are, 2 bytes a dimension. Every other codec stores FAISS codes: one quantizer
+(``faiss.index_factory``: ScalarQuantizer ``SQ``, ProductQuantizer ``PQ``, ResidualQuantizer ``RQ``) per
+(keys | values, head), trained on the real patches of a sample of the gallery's own images, then written as a
+FAISS file whose size and SHA-256 the manifest records (``codebook_bytes``, counted apart from
+``bytes_per_image``). Scoring decodes a block of candidates at a time (``CodedStore.decode``), so fp32
+keys/values exist for one block, never for all K' candidates at once.
+
+Bytes a dimension: fp16 2, sq8 1, sq4 1/2, pq4 / rq4 1/4, pq8 / rq8 1/8, pq16 / rq16 1/16. PQ and RQ need the
+dimension divisible by their dimensions per byte. A mask whose patches are all real is not stored at all
+(``"mask": "all"``); otherwise it is kept as packed bits. Limits: the quantizers are trained from the fp16 arrays
+of the build (so a build needs their disk space once, in its staging folder), on at most ``train_images``
+evenly spaced images.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from mmgeo.io import file_sha256
+
+
+class CodebookError(ValueError):
+    """A codebook file that does not match its index (missing, truncated, from another build)."""
+
+
+ROLES = ("keys", "values")  # keys k (d_a), values v̂ (d_e)
+CODES_FILE = "{role}.codes.npy"  # (N, H, L, code_size) uint8
+MASK_BITS_FILE = "mask.bits.npy"  # (N, ceil(L / 8)) uint8, np.packbits of the (N, L) mask, when not all real
+QUANTIZER_DIR = "codebooks"
+CODEWORDS = 256  # per PQ / RQ codebook: 8-bit codes
+TRAIN_IMAGES = 4096  # images sampled (evenly spaced) to train the quantizers
+
+
+@dataclass(frozen=True)
+class Codec:
+    """A re-rank store codec: ``factory`` (a ``faiss.index_factory`` string with ``{m}`` = d / dims_per_code)."""
+
+    name: str
+    factory: str  # "" for fp16 (no quantizer)
+    dims_per_code: int  # dimensions per code of ``factory`` (PQ / RQ); 1 for SQ and fp16
+    bytes_per_dim: float  # stored bytes per dimension
+    help: str
+
+    def factory_for(self, d: int) -> str:
+        if d % self.dims_per_code:
+            raise ValueError(f"codec {self.name} codes {self.dims_per_code} dimensions per byte; d = {d} is not a "
+                             f"multiple of it: choose another codec (python -m serve build --help lists them)")
+        return self.factory.format(m=d // self.dims_per_code)
+
+
+CODECS = {c.name: c for c in [
+    Codec("fp16", "", 1, 2.0, "half floats (exact up to fp16 rounding)"),
+    Codec("sq8", "SQ8", 1, 1.0, "8-bit scalar quantizer, 1/2 of fp16"),
+    Codec("sq4", "SQ4", 1, 0.5, "4-bit scalar quantizer, 1/4 of fp16"),
+    Codec("pq4", "PQ{m}x8np", 4, 0.25, "product quantizer, a byte per 4 dimensions, 1/8 of fp16"),
+    Codec("pq8", "PQ{m}x8np", 8, 0.125, "product quantizer, a byte per 8 dimensions, 1/16 of fp16"),
+    Codec("pq16", "PQ{m}x8np", 16, 0.0625, "product quantizer, a byte per 16 dimensions, 1/32 of fp16"),
+    Codec("rq8", "RQ{m}x8", 8, 0.125, "residual quantizer, a byte per 8 dimensions, 1/16 of fp16"),
+    Codec("rq16", "RQ{m}x8", 16, 0.0625, "residual quantizer, a byte per 16 dimensions, 1/32 of fp16"),
+]}
+
+
+def get_codec(name: str) -> Codec:
+    if name not in CODECS:
+        raise ValueError(f"unknown codec {name!r}; choose one of {', '.join(CODECS)}")
+    return CODECS[name]
+
+
+def min_train_vectors(codec: str) -> int:
+    """Real patches per head a codec needs to train: PQ / RQ k-means needs a vector per codeword."""
+    return CODEWORDS if get_codec(codec).dims_per_code > 1 else 1
+
+
+def mask_bytes(num_patches: int, kind: str) -> int:
+    """Stored mask bytes per image: fp16 stores a bool a patch, the others packed bits or (all real) nothing."""
+    return {"bool": num_patches, "packed": -(-num_patches // 8), "all": 0}[kind]
+
+
+def bytes_per_image(codec: str, num_heads: int, num_patches: int, d_a: int, d_e: int, mask: str) -> int:
+    """Bytes of the re-rank store per image (codes + mask; codebooks not counted)."""
+    c = get_codec(codec)
+    per_patch = sum(int(round(d * c.bytes_per_dim)) for d in (d_a, d_e))
+    return num_heads * num_patches * per_patch + mask_bytes(num_patches, mask)
+
+
+# ------------------------------------------------------------------------------------------------ writing
+
+def train_quantizers(codec: str, arrays: dict, mask, out: Path, train_images: int = TRAIN_IMAGES) -> list[dict]:
+    """Train one quantizer per (role, head) on the real patches of up to ``train_images`` evenly spaced images of
+    ``arrays`` (role -> (N, H, L, d) array or memmap) and write them under ``out`` / codebooks; -> their records."""
+    import faiss
+
+    c = get_codec(codec)
+    n = len(mask)
+    rows = np.unique(np.linspace(0, n - 1, min(n, train_images)).round().astype(np.int64))
+    real = np.asarray(mask[rows], dtype=bool)  # (n_s, L)
+    (out / QUANTIZER_DIR).mkdir(exist_ok=True)
+    records = []
+    for role in ROLES:
+        sample = np.asarray(arrays[role][rows], dtype=np.float32)  # (n_s, H, L, d)
+        d = sample.shape[-1]
+        for h in range(sample.shape[1]):
+            x = np.ascontiguousarray(sample[:, h][real])  # (n_real, d)
+            if len(x) < min_train_vectors(codec):
+                raise ValueError(f"codec {codec} learns {CODEWORDS} codewords per sub-vector from at least "
+                                 f"{CODEWORDS} real patches per head; this gallery has {len(x)}: use fp16, sq8 or "
+                                 "sq4 for a gallery this small")
+            q = faiss.index_factory(d, c.factory_for(d))
+            q.train(x)  # FAISS's k-means has a fixed seed: the same sample gives the same codebook
+            err = np.linalg.norm(q.sa_decode(q.sa_encode(x)) - x) / max(float(np.linalg.norm(x)), 1e-12)
+            name = f"{QUANTIZER_DIR}/{role}.{h}.faiss"
+            faiss.write_index(q, str(out / name))
+            records.append({"role": role, "head": h, "file": name, "factory": c.factory_for(d), "d": d,
+                            "code_size": int(q.sa_code_size()), "bytes": (out / name).stat().st_size,
+                            "sha256": file_sha256(out / name), "train_vectors": int(len(x)),
+                            "rel_error": round(float(err), 5)})
+    return records
+
+
+def fp16_store(num_heads: int, num_patches: int, d_a: int, d_e: int) -> dict:
+    """The manifest's ``store`` record of the fp16 arrays (keys.npy, values.npy, mask.npy)."""
+    return {"codec": "fp16", "mask": "bool", "codebook_bytes": 0,
+            "bytes_per_image": bytes_per_image("fp16", num_heads, num_patches, d_a, d_e, "bool")}
+
+
+def write_coded_store(folder: Path, codec: str, train_images: int = TRAIN_IMAGES, block_images: int = 2048) -> dict:
+    """Replace the fp16 keys.npy / values.npy / mask.npy of a staged index ``folder`` by ``codec``'s codes (trained
+    here, ``train_quantizers``), written ``block_images`` images at a time; -> the manifest's ``store`` record."""
+    import faiss
+
+    arrays = {role: np.load(folder / f"{role}.npy", mmap_mode="r") for role in ROLES}  # (N, H, L, d) fp16
+    mask = np.load(folder / "mask.npy", mmap_mode="r")  # (N, L) bool
+    N, H, L, _ = arrays["keys"].shape
+    records = train_quantizers(codec, arrays, mask, folder, train_images)
+    code_size = {}
+    for role in ROLES:
+        qs = [faiss.read_index(str(folder / r["file"])) for r in records if r["role"] == role]  # head order
+        code_size[role] = qs[0].sa_code_size()
+        out = np.lib.format.open_memmap(folder / CODES_FILE.format(role=role), mode="w+", dtype=np.uint8,
+                                        shape=(N, H, L, code_size[role]))
+        for start in range(0, N, block_images):
+            out[start:start + block_images] = encode_block(qs, arrays[role][start:start + block_images])
+        out.flush()
+        del out
+    all_real = all(bool(np.all(mask[i:i + block_images])) for i in range(0, N, block_images))
+    if not all_real:
+        bits = np.lib.format.open_memmap(folder / MASK_BITS_FILE, mode="w+", dtype=np.uint8, shape=(N, -(-L // 8)))
+        for start in range(0, N, block_images):
+            bits[start:start + block_images] = np.packbits(mask[start:start + block_images], axis=1)
+        bits.flush()
+        del bits
+    del arrays, mask  # close the memmaps before their files go
+    for name in ("keys.npy", "values.npy", "mask.npy"):
+        (folder / name).unlink()
+    kind = "all" if all_real else "packed"
+    return {"codec": codec, "mask": kind,
+            "bytes_per_image": H * L * sum(code_size.values()) + mask_bytes(L, kind),
+            "codebook_bytes": sum(r["bytes"] for r in records),
+            "train_images": min(N, train_images),
+            "rel_error": {role: max(r["rel_error"] for r in records if r["role"] == role) for role in ROLES},
+            "quantizers": records}
+
+
+def encode_block(quantizers: list, block: np.ndarray) -> np.ndarray:
+    """(n, H, L, d) float -> (n, H, L, code_size) uint8 codes, head h by ``quantizers[h]``."""
+    n, H, L, d = block.shape
+    out = np.empty((n, H, L, quantizers[0].sa_code_size()), np.uint8)
+    for h in range(H):
+        x = np.ascontiguousarray(block[:, h], dtype=np.float32).reshape(n * L, d)
+        out[:, h] = quantizers[h].sa_encode(x).reshape(n, L, -1)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ reading
+
+def load_quantizers(root: Path, store: dict, num_heads: int, dims: dict) -> dict[str, list]:
+    """The quantizers a manifest's ``store`` record lists, each checked (size, SHA-256, dimension, code size,
+    trained) -> role -> one per head. CodebookError naming the file and the fix on any mismatch."""
+    import faiss
+
+    recs = store.get("quantizers") or []
+    out = {role: [None] * num_heads for role in ROLES}
+    for r in recs:
+        path = root / r["file"]
+        where = f"codebook {path}"
+        if not path.is_file():
+            raise CodebookError(f"{where} is missing; the index is incomplete — rebuild it with "
+                                "`python -m serve build`")
+        size = path.stat().st_size
+        if size != r["bytes"] or file_sha256(path) != r["sha256"]:
+            raise CodebookError(f"{where} is not the one this index was built with ({size} bytes, manifest says "
+                               f"{r['bytes']}; or its SHA-256 differs): truncated, damaged or copied from another "
+                               "index — rebuild the index with `python -m serve build`")
+        try:
+            q = faiss.read_index(str(path))
+        except RuntimeError as err:
+            raise CodebookError(f"{where} cannot be read by FAISS ({str(err).splitlines()[0]}); rebuild the "
+                               "index") from err
+        if q.d != r["d"] or q.d != dims[r["role"]] or q.sa_code_size() != r["code_size"] or not q.is_trained:
+            raise CodebookError(f"{where} codes d={q.d} in {q.sa_code_size()} bytes (trained: {q.is_trained}); the "
+                               f"manifest says d={r['d']} in {r['code_size']} and the model d={dims[r['role']]}: "
+                               "rebuild the index")
+        out[r["role"]][r["head"]] = q
+    missing = [f"{role}.{h}" for role, qs in out.items() for h, q in enumerate(qs) if q is None]
+    if missing:
+        raise CodebookError(f"the manifest lists no codebook for {missing}; the index is damaged — rebuild it")
+    return out
+
+
+def decode(quantizers: list, codes: np.ndarray) -> torch.Tensor:
+    """(K, H, L, code_size) uint8 -> (H, K, L, d) float32, head-major, each head decoded by FAISS straight into
+    its slice of the output."""
+    K, H, L, cs = codes.shape
+    d = quantizers[0].d
+    out = torch.empty(H, K, L, d)  # (H, K, L, d)
+    for h in range(H):
+        quantizers[h].sa_decode(np.ascontiguousarray(codes[:, h]).reshape(K * L, cs), out[h].numpy().reshape(-1, d))
+    return out
+
+
+def unpack_mask(bits: np.ndarray, num_patches: int) -> np.ndarray:
+    """(K, ceil(L / 8)) packed bits -> (K, L) bool."""
+    return np.unpackbits(bits, axis=1, count=num_patches).astype(bool)

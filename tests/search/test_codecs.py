@@ -1,0 +1,218 @@
+"""Compressed re-rank stores: round-trip error per codec, re-rank from codes = re-rank of the decoded arrays, sizes
+in the manifest, and refusal of damaged or foreign codebooks."""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+import mmgeo
+from mmgeo.models import Embedding
+from mmgeo.search.build import build_gallery_from_embedding, build_random_gallery
+from mmgeo.search.codecs import CODECS, ROLES, bytes_per_image, decode
+from mmgeo.search.store import Gallery, GalleryError
+from mmgeo.search.two_stage import rerank_candidates, rerank_scores, search_text
+from tests.conftest import TINY
+
+N, H, L, D = 120, 2, 16, 16  # 120 images x 16 patches: 1,920 vectors per head, enough for 256 PQ codewords
+# Relative round-trip error (||x - decode(encode(x))|| / ||x||) of the test vectors: clusters plus 15 % noise.
+# PQ / RQ bounds are loose because 1,920 vectors train 256 codewords; fp16 is the rounding of half floats.
+BOUNDS = {"fp16": 1e-3, "sq8": 0.01, "sq4": 0.12, "pq4": 0.25, "pq8": 0.35, "pq16": 0.45, "rq8": 0.35, "rq16": 0.45}
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    return mmgeo.create_model("geo-tiny", **{**TINY, "d_a": D, "d_e": D}).eval()
+
+
+def clustered(n, seed):
+    """(n, H, L, D) vectors around 24 centres per head, like keys of a few kinds of patch."""
+    g = torch.Generator().manual_seed(seed)
+    centres = torch.randn(H, 24, D, generator=g)
+    pick = torch.randint(0, 24, (n, H, L), generator=g)
+    x = centres[torch.arange(H)[None, :, None], pick]  # (n, H, L, D)
+    return x + 0.15 * torch.randn(n, H, L, D, generator=g)
+
+
+def embedding(seed=0, mask=None):
+    keys = clustered(N, seed)
+    values = torch.nn.functional.normalize(clustered(N, seed + 1), dim=-1)
+    pooled = torch.nn.functional.normalize(torch.randn(N, 16, generator=torch.Generator().manual_seed(seed)), dim=-1)
+    return Embedding(pooled, keys, values, torch.ones(N, L, dtype=torch.bool) if mask is None else mask)
+
+
+@pytest.fixture(scope="module")
+def galleries(model, tmp_path_factory):
+    root = tmp_path_factory.mktemp("codecs")
+    emb = embedding()
+    for name in CODECS:
+        build_gallery_from_embedding(model, emb, root / name, index_type="flat", codec=name)
+    return root, emb
+
+
+def decoded_all(g):
+    """Every image's keys, values (H, N, L, d) and mask, decoded in one piece (not the block path)."""
+    if g.codec == "fp16":
+        k, v = (torch.from_numpy(np.array(a, np.float32)).transpose(0, 1) for a in (g.keys, g.values))
+        return k, v, torch.from_numpy(np.array(g.mask))
+    k, v = (decode(g.quantizers[role], np.array(g.codes[role])) for role in ROLES)
+    return k, v, next(g.candidate_blocks(np.arange(len(g)), block=len(g)))[2]
+
+
+@pytest.mark.parametrize("codec", list(CODECS))
+def test_round_trip_error_is_within_the_codecs_bound(galleries, codec):
+    root, emb = galleries
+    g = Gallery(root / codec)
+    k, v, mask = decoded_all(g)
+    for got, want in ((k, emb.attn), (v, emb.value)):
+        err = float((got.transpose(0, 1) - want).norm() / want.norm())
+        assert err <= BOUNDS[codec], f"{codec}: relative error {err:.4f} over its bound {BOUNDS[codec]}"
+    assert torch.equal(mask, emb.mask)
+    if codec != "fp16":  # the error recorded at build time is the one on its training sample (all images here)
+        assert g.store["rel_error"]["keys"] == pytest.approx(
+            float(max((k[h] - emb.attn[:, h]).norm() / emb.attn[:, h].norm() for h in range(H))), rel=1e-3)
+
+
+def test_error_grows_as_the_bytes_shrink(galleries):
+    root, emb = galleries
+    err = {c: float((decoded_all(Gallery(root / c))[0].transpose(0, 1) - emb.attn).norm() / emb.attn.norm())
+           for c in CODECS}
+    assert err["fp16"] < err["sq8"] < err["sq4"] and err["sq8"] < err["pq4"] < err["pq8"] < err["pq16"]
+    assert err["rq8"] < err["rq16"]
+
+
+@pytest.mark.parametrize("codec", list(CODECS))
+def test_manifest_sizes_are_the_bytes_on_disk(galleries, codec):
+    root, _ = galleries
+    g = Gallery(root / codec)
+    store = g.manifest["store"]
+    assert store["codec"] == codec and g.manifest["version"] == (1 if codec == "fp16" else 3)
+    if codec == "fp16":
+        on_disk = sum(np.load(root / codec / f, mmap_mode="r").nbytes for f in ("keys.npy", "values.npy", "mask.npy"))
+    else:
+        on_disk = sum(g.codes[r].nbytes for r in ROLES)  # every patch is real: no mask file
+        assert not (root / codec / "mask.bits.npy").exists() and not (root / codec / "keys.npy").exists()
+        assert store["codebook_bytes"] == sum((root / codec / q["file"]).stat().st_size for q in store["quantizers"])
+    assert store["bytes_per_image"] * N == on_disk
+    assert store["bytes_per_image"] == bytes_per_image(codec, H, L, D, D, store["mask"])
+    fp16 = bytes_per_image("fp16", H, L, D, D, "bool")
+    ratio = {"fp16": 1, "sq8": 2, "sq4": 4, "pq4": 8, "rq8": 16, "pq8": 16, "pq16": 32, "rq16": 32}[codec]
+    assert store["bytes_per_image"] <= fp16 / ratio
+
+
+@pytest.mark.parametrize("codec", ["fp16", "sq8", "pq8", "rq16"])
+def test_rerank_from_codes_equals_rerank_of_the_decoded_arrays(model, galleries, codec):
+    """The block path (read, decode, score, drop) gives the numbers of the same function over all decoded keys."""
+    root, _ = galleries
+    g = Gallery(root / codec)
+    keys, values, mask = decoded_all(g)
+    text = model.encode_text(["a red circle", "a small blue square on the left of a big green triangle"])
+    ids = np.array([5, 77, 3, 119, 0, 42, 8, 64, 100, 31, 2])
+    for i in range(2):
+        want = rerank_scores(text.attn[i], text.mask[i], text.value[i], keys[:, ids], values[:, ids], mask[ids])
+        for block in (1, 4, None):
+            got = rerank_candidates(text.attn[i], text.mask[i], text.value[i], g, ids, block)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_blocks_bound_the_decoded_candidates(galleries, monkeypatch):
+    root, _ = galleries
+    g = Gallery(root / "pq8")
+    monkeypatch.setattr("mmgeo.search.store.BLOCK_IMAGES", 7)
+    sizes = [k.shape[1] for k, _, _ in g.candidate_blocks(np.arange(100))]
+    assert sizes == [7] * 14 + [2]
+
+
+def test_padding_masks_are_packed_bits(model, tmp_path):
+    mask = torch.ones(N, L, dtype=torch.bool)
+    mask[::3, 10:] = False  # every third image has 6 padding patches
+    emb = embedding(mask=mask)
+    build_gallery_from_embedding(model, emb, tmp_path / "i", index_type="flat", codec="sq8")
+    g = Gallery(tmp_path / "i")
+    assert g.store["mask"] == "packed" and (tmp_path / "i" / "mask.bits.npy").is_file()
+    assert g.store["bytes_per_image"] == H * L * 2 * D + 2  # 16 patches -> 2 bytes of bits
+    got = torch.cat([m for _, _, m in g.candidate_blocks(np.arange(N), block=13)])
+    assert torch.equal(got, mask) and torch.equal(g.image_mask(3), mask[3])
+
+
+def test_search_check_images_and_explain_keys_work_on_a_coded_index(model, galleries):
+    root, emb = galleries
+    g = Gallery(root / "pq8")
+    g.check_images(emb)  # within twice the recorded error
+    with pytest.raises(GalleryError, match="is not image"):
+        g.check_images(emb[torch.arange(N).roll(1)])
+    text = Embedding(emb.pooled[7:8], emb.attn[7:8, :, :4], emb.value[7:8, :, :4], torch.ones(1, 4, dtype=torch.bool))
+    ids, scores = search_text(model, g, text, k=5)
+    assert len(ids) == 5 and np.all(np.diff(scores) <= 0)
+    assert g.image_keys(7).shape == (H, L, D)
+
+
+def test_the_same_build_gives_the_same_codes(model, galleries, tmp_path):
+    root, emb = galleries
+    build_gallery_from_embedding(model, emb, tmp_path / "again", index_type="flat", codec="pq8")
+    a, b = (json.loads((p / "manifest.json").read_text())["store"] for p in (root / "pq8", tmp_path / "again"))
+    assert [q["sha256"] for q in a["quantizers"]] == [q["sha256"] for q in b["quantizers"]]
+    for role in ROLES:
+        assert np.array_equal(np.load(root / "pq8" / f"{role}.codes.npy"),
+                              np.load(tmp_path / "again" / f"{role}.codes.npy"))
+
+
+def test_a_truncated_codebook_is_refused(galleries, tmp_path):
+    root, _ = galleries
+    shutil.copytree(root / "pq8", tmp_path / "i")
+    book = tmp_path / "i" / "codebooks" / "values.1.faiss"
+    book.write_bytes(book.read_bytes()[:-100])
+    with pytest.raises(GalleryError, match=r"codebook .*values\.1\.faiss is not the one this index was built with"):
+        Gallery(tmp_path / "i")
+
+
+def test_a_codebook_from_another_index_is_refused(model, galleries, tmp_path):
+    root, _ = galleries
+    build_gallery_from_embedding(model, embedding(seed=5), tmp_path / "other", index_type="flat", codec="pq8")
+    shutil.copytree(root / "pq8", tmp_path / "i")
+    shutil.copy(tmp_path / "other" / "codebooks" / "keys.0.faiss", tmp_path / "i" / "codebooks" / "keys.0.faiss")
+    with pytest.raises(GalleryError, match="copied from another index"):
+        Gallery(tmp_path / "i")
+    # a manifest edited to the foreign file's checksum still meets the dimension check when the shapes differ
+    shutil.copy(root / "pq16" / "codebooks" / "keys.0.faiss", tmp_path / "i" / "codebooks" / "keys.0.faiss")
+    man = json.loads((tmp_path / "i" / "manifest.json").read_text())
+    rec = man["store"]["quantizers"][0]
+    other = json.loads((root / "pq16" / "manifest.json").read_text())["store"]["quantizers"][0]
+    rec.update(bytes=other["bytes"], sha256=other["sha256"])
+    (tmp_path / "i" / "manifest.json").write_text(json.dumps(man))
+    with pytest.raises(GalleryError, match=r"codes d=16 in 1 bytes .* manifest says d=16 in 2"):
+        Gallery(tmp_path / "i")
+
+
+def test_missing_codebook_and_codes_of_the_wrong_shape_are_refused(galleries, tmp_path):
+    root, _ = galleries
+    shutil.copytree(root / "rq8", tmp_path / "a")
+    (tmp_path / "a" / "codebooks" / "keys.1.faiss").unlink()
+    with pytest.raises(GalleryError, match=r"keys\.1\.faiss is missing"):
+        Gallery(tmp_path / "a")
+    shutil.copytree(root / "rq8", tmp_path / "b")
+    np.save(tmp_path / "b" / "values.codes.npy", np.load(tmp_path / "b" / "values.codes.npy")[:-1])
+    with pytest.raises(GalleryError, match=r"values\.codes\.npy has shape \(119, 2, 16, 2\), manifest says \(120"):
+        Gallery(tmp_path / "b")
+
+
+def test_bad_codec_requests_fail_before_any_encoding(model, tmp_path):
+    emb = embedding()
+    with pytest.raises(ValueError, match="unknown codec 'pq3'; choose one of fp16, sq8"):
+        build_gallery_from_embedding(model, emb, tmp_path / "a", codec="pq3")
+    small = mmgeo.create_model("geo-tiny", **TINY).eval()  # d_a = 8: not a multiple of 16
+    with pytest.raises(ValueError, match="codec pq16 codes 16 dimensions per byte; d = 8"):
+        build_gallery_from_embedding(small, emb, tmp_path / "b", codec="pq16")
+    with pytest.raises(ValueError, match="codec pq8 needs at least 256 patches per head .* use fp16, sq8 or sq4"):
+        build_gallery_from_embedding(model, emb[:10], tmp_path / "c", codec="pq8")
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists() and not (tmp_path / "c").exists()
+
+
+def test_random_galleries_take_a_codec(tmp_path):
+    build_random_gallery(tmp_path / "r", count=64, num_heads=H, num_patches=L, d_a=D, d_e=D, d_global=16,
+                         index_type="flat", codec="pq8")
+    g = Gallery(tmp_path / "r")
+    assert g.codec == "pq8" and g.store["bytes_per_image"] == H * L * (2 + 2)
