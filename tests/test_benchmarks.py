@@ -80,3 +80,33 @@ def test_compare_table_means_over_seeds(tmp_path):
     assert "| swap_color | 90.0 ± 14.1 (80.0) |" in res.stdout
     table = json.loads((tmp_path / "compare.json").read_text())
     assert table["cogent"]["text→image R@1"]["geo-tiny"]["seeds"] == pytest.approx([90.0, 80.0])
+
+
+def test_codecs_benchmark_reports_every_codec_and_fills_its_section(tmp_path):
+    """Toy split, a random-init tiny model: one row per codec with sizes, recalls, latency; the marked section of
+    a markdown file is replaced and the text around it kept."""
+    import torch
+
+    import mmgeo
+    from tests.conftest import TINY
+
+    torch.manual_seed(0)
+    ckpt = tmp_path / "m.pt"
+    mmgeo.save_model(mmgeo.create_model("geo-tiny", **{**TINY, "d_a": 16, "d_e": 16}).eval(), ckpt)
+    doc = tmp_path / "doc.md"
+    doc.write_text("before\n<!-- codecs:start -->\nold\n<!-- codecs:end -->\nafter\n")
+    args = [sys.executable, "benchmarks/codecs.py", "--ckpt", str(ckpt), "--limit", "20", "--codecs", "fp16", "sq8",
+            "pq16", "--latency-queries", "3", "--k-prime", "8", "--out", str(tmp_path / "out"), "--report-to", str(doc)]
+    res = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    data = json.loads((tmp_path / "out" / "codecs.json").read_text())
+    assert list(data["codecs"]) == ["fp16", "sq8", "pq16"] and data["images"] == 20 and data["k_prime"] == 8
+    fp16 = data["codecs"]["fp16"]["bytes_per_image"]
+    assert fp16 == 2 * 16 * 32 * 2 + 16  # H x S x (d_a + d_e) x 2 bytes + a bool mask
+    assert data["codecs"]["pq16"]["bytes_per_image"] == 2 * 16 * 2 and data["codecs"]["pq16"]["codebook_bytes"] > 0
+    for row in data["codecs"].values():
+        assert 0 <= row["text_to_image_R@1"] <= 1 and row["p99_ms"] >= row["median_ms"] > 0
+    assert data["projected"]["fp16"]["1000000"] == data["projected"]["fp16"]["bytes_per_image"] * 10 ** 6
+    text = doc.read_text()
+    assert text.startswith("before\n<!-- codecs:start -->\n`python benchmarks/codecs.py") and "old" not in text
+    assert text.endswith("<!-- codecs:end -->\nafter\n") and "| pq16 | 64 | 1/32.2 |" in text

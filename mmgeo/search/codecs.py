@@ -11,7 +11,7 @@ Bytes a dimension: fp16 2, sq8 1, sq4 1/2, pq4 / rq4 1/4, pq8 / rq8 1/8, pq16 / 
 dimension divisible by their dimensions per byte. A mask whose patches are all real is not stored at all
 (``"mask": "all"``); otherwise it is kept as packed bits. Limits: the quantizers are trained from the fp16 arrays
 of the build (so a build needs their disk space once, in its staging folder), on at most ``train_images``
-evenly spaced images.
+evenly spaced images and ``TRAIN_VECTORS`` of their patches per quantizer.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ MASK_BITS_FILE = "mask.bits.npy"  # (N, ceil(L / 8)) uint8, np.packbits of the (
 QUANTIZER_DIR = "codebooks"
 CODEWORDS = 256  # per PQ / RQ codebook: 8-bit codes
 TRAIN_IMAGES = 4096  # images sampled (evenly spaced) to train the quantizers
+TRAIN_VECTORS = 1 << 16  # and at most this many of their real patches per quantizer (FAISS's PQ samples as many)
 
 
 @dataclass(frozen=True)
@@ -106,7 +107,10 @@ def train_quantizers(codec: str, arrays: dict, mask, out: Path, train_images: in
         sample = np.asarray(arrays[role][rows], dtype=np.float32)  # (n_s, H, L, d)
         d = sample.shape[-1]
         for h in range(sample.shape[1]):
-            x = np.ascontiguousarray(sample[:, h][real])  # (n_real, d)
+            x = sample[:, h][real]  # (n_real, d)
+            if len(x) > TRAIN_VECTORS:  # evenly spaced: bounded training time for any image size
+                x = x[np.linspace(0, len(x) - 1, TRAIN_VECTORS).round().astype(np.int64)]
+            x = np.ascontiguousarray(x)
             if len(x) < min_train_vectors(codec):
                 raise ValueError(f"codec {codec} learns {CODEWORDS} codewords per sub-vector from at least "
                                  f"{CODEWORDS} real patches per head; this gallery has {len(x)}: use fp16, sq8 or "
