@@ -115,7 +115,7 @@ def train_quantizers(codec: str, arrays: dict, mask, out: Path, train_images: in
                 raise ValueError(f"codec {codec} learns {CODEWORDS} codewords per sub-vector from at least "
                                  f"{CODEWORDS} real patches per head; this gallery has {len(x)}: use fp16, sq8 or "
                                  "sq4 for a gallery this small")
-            q = faiss.index_factory(d, c.factory_for(d))
+            q = fast_encoding(faiss.index_factory(d, c.factory_for(d)))
             q.train(x)  # FAISS's k-means has a fixed seed: the same sample gives the same codebook
             err = np.linalg.norm(q.sa_decode(q.sa_encode(x)) - x) / max(float(np.linalg.norm(x)), 1e-12)
             name = f"{QUANTIZER_DIR}/{role}.{h}.faiss"
@@ -144,7 +144,7 @@ def write_coded_store(folder: Path, codec: str, train_images: int = TRAIN_IMAGES
     records = train_quantizers(codec, arrays, mask, folder, train_images)
     code_size = {}
     for role in ROLES:
-        qs = [faiss.read_index(str(folder / r["file"])) for r in records if r["role"] == role]  # head order
+        qs = [fast_encoding(faiss.read_index(str(folder / r["file"]))) for r in records if r["role"] == role]
         code_size[role] = qs[0].sa_code_size()
         out = np.lib.format.open_memmap(folder / CODES_FILE.format(role=role), mode="w+", dtype=np.uint8,
                                         shape=(N, H, L, code_size[role]))
@@ -169,6 +169,13 @@ def write_coded_store(folder: Path, codec: str, train_images: int = TRAIN_IMAGES
             "train_images": min(N, train_images),
             "rel_error": {role: max(r["rel_error"] for r in records if r["role"] == role) for role in ROLES},
             "quantizers": records}
+
+
+def fast_encoding(q):
+    """A residual quantizer encodes with look-up tables of codeword products: the same codes, 2-3x faster."""
+    if hasattr(q, "rq"):
+        q.rq.use_beam_LUT = 1
+    return q
 
 
 def encode_block(quantizers: list, block: np.ndarray) -> np.ndarray:

@@ -50,8 +50,8 @@ VERSIONS = (1, 2, 3)  # v2 = v1 + a sharded global index; v3 = a compressed re-r
 #                       written as v1 / v2, so older mmgeo reads it
 META_FILES = ("manifest.json", "meta.json")  # + the store's files (store_files) + global.faiss or global.shards/
 FP16_FILES = ("keys.npy", "values.npy", "mask.npy")
-BLOCK_IMAGES = 32  # candidates decoded to fp32 at a time (candidate_blocks)
-BLOCK_BYTES = 16 << 20  # and at most this many fp32 bytes of keys + values per block
+BLOCK_BYTES = 8 << 20  # fp32 keys + values decoded at a time (candidate_blocks): 5 geo-vitb16-bert candidates
+BLOCK_IMAGES = 256  # and at most this many candidates (geo-tiny: 1.8 MB for K' = 100, one block)
 SHARDS_DIR = "global.shards"
 REBUILD = "rebuild it with `python -m serve build`"
 

@@ -124,6 +124,9 @@ def test_blocks_bound_the_decoded_candidates(galleries, monkeypatch):
     monkeypatch.setattr("mmgeo.search.store.BLOCK_IMAGES", 7)
     sizes = [k.shape[1] for k, _, _ in g.candidate_blocks(np.arange(100))]
     assert sizes == [7] * 14 + [2]
+    g.model_record = {**g.model_record, "num_heads": 8, "num_patches": 196, "d_a": 128, "d_e": 128}
+    monkeypatch.setattr("mmgeo.search.store.BLOCK_IMAGES", 256)
+    assert g.block_size() == 5  # geo-vitb16-bert: 1.6 MB of fp32 keys + values a candidate, 8 MB a block
 
 
 def test_padding_masks_are_packed_bits(model, tmp_path):
