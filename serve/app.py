@@ -96,6 +96,8 @@ class HealthResponse(BaseModel):
     images: int = Field(ge=0)
     index_type: str
     skipped_at_build: int = Field(ge=0)
+    codec: str = Field(description="how the re-rank store keeps keys/values (fp16, or FAISS codes: docs/serve.md)")
+    store_bytes_per_image: int = Field(ge=0, description="re-rank store bytes per image (codes + mask)")
 
 
 def _errors(*statuses: int, body_limit: int = JSON_BODY_LIMIT, **described: str) -> dict:
@@ -299,7 +301,8 @@ def create_app(index_dir, model=None, ckpt=None, limits: Limits | None = None) -
     @app.get("/health", summary="Status and index size", responses={200: {"model": HealthResponse}, **_errors()})
     async def health():
         return {"status": "ok", "images": gallery.count, "index_type": gallery.manifest["index_type"],
-                "skipped_at_build": gallery.manifest["skipped"]["count"]}
+                "skipped_at_build": gallery.manifest["skipped"]["count"], "codec": gallery.codec,
+                "store_bytes_per_image": gallery.store.get("bytes_per_image", 0)}
 
     @app.get("/metrics", summary="Prometheus text format", response_class=Response, responses={
         200: {"description": "text exposition format 0.0.4", "content": {"text/plain": {"schema": {"type": "string"}}}},

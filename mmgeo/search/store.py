@@ -40,6 +40,7 @@ from mmgeo.search.codecs import (
     ROLES,
     CodebookError,
     decode,
+    fp16_store,
     load_quantizers,
     unpack_mask,
 )
@@ -106,6 +107,8 @@ class Gallery:
         self.model_record = r = self.manifest["model"]
         self.count = int(self.manifest["count"])
         H, L = r["num_heads"], r["num_patches"]
+        if "bytes_per_image" not in self.store:  # an index from before the store record: fp16
+            self.store = fp16_store(H, L, r["d_a"], r["d_e"])
         self.dims = {"keys": r["d_a"], "values": r["d_e"]}
         if self.codec == "fp16":
             self.keys = np.load(self.root / "keys.npy", mmap_mode="r")  # (N, H, L, d_a) fp16

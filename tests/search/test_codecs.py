@@ -219,3 +219,15 @@ def test_random_galleries_take_a_codec(tmp_path):
                          index_type="flat", codec="pq8")
     g = Gallery(tmp_path / "r")
     assert g.codec == "pq8" and g.store["bytes_per_image"] == H * L * (2 + 2)
+
+
+def test_an_index_from_before_the_store_record_reads_as_fp16(galleries, tmp_path):
+    root, emb = galleries
+    shutil.copytree(root / "fp16", tmp_path / "old")
+    man = json.loads((tmp_path / "old" / "manifest.json").read_text())
+    del man["store"]
+    man["dtype"] = "float16"  # what v1 manifests said before
+    (tmp_path / "old" / "manifest.json").write_text(json.dumps(man))
+    g = Gallery(tmp_path / "old")
+    assert g.codec == "fp16" and g.store == Gallery(root / "fp16").store
+    assert torch.equal(g.image_mask(3), emb.mask[3])
