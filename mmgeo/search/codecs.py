@@ -4,10 +4,10 @@
 (``faiss.index_factory``: ScalarQuantizer ``SQ``, ProductQuantizer ``PQ``, ResidualQuantizer ``RQ``) per
 (keys | values, head), trained on the real patches of a sample of the gallery's own images, then written as a
 FAISS file whose size and SHA-256 the manifest records (``codebook_bytes``, counted apart from
-``bytes_per_image``). Scoring decodes a block of candidates at a time (``CodedStore.decode``), so fp32
-keys/values exist for one block, never for all K' candidates at once.
+``bytes_per_image``). Scoring decodes a block of candidates at a time (``decode``, called by
+``Gallery.candidate_blocks``), so fp32 keys/values exist for one block of at most ``store.BLOCK_BYTES``.
 
-Bytes a dimension: fp16 2, sq8 1, sq4 1/2, pq4 / rq4 1/4, pq8 / rq8 1/8, pq16 / rq16 1/16. PQ and RQ need the
+Bytes a dimension: fp16 2, sq8 1, sq4 1/2, pq4 1/4, pq8 / rq8 1/8, pq16 / rq16 1/16. PQ and RQ need the
 dimension divisible by their dimensions per byte. A mask whose patches are all real is not stored at all
 (``"mask": "all"``); otherwise it is kept as packed bits. Limits: the quantizers are trained from the fp16 arrays
 of the build (so a build needs their disk space once, in its staging folder), on at most ``train_images``
@@ -42,11 +42,11 @@ TRAIN_VECTORS = 1 << 16  # and at most this many of their real patches per quant
 class Codec:
     """A re-rank store codec: ``factory`` (a ``faiss.index_factory`` string with ``{m}`` = d / dims_per_code)."""
 
-    name: str
+    name: str  # the --codec choice
     factory: str  # "" for fp16 (no quantizer)
     dims_per_code: int  # dimensions per code of ``factory`` (PQ / RQ); 1 for SQ and fp16
     bytes_per_dim: float  # stored bytes per dimension
-    help: str
+    help: str  # one line for --help
 
     def factory_for(self, d: int) -> str:
         if d % self.dims_per_code:
