@@ -29,3 +29,17 @@ def test_bad_workers_count_is_refused(serve_env, capsys):
 
     assert main(["run", "--index", str(serve_env.idx), "--workers", "0"]) == 2
     assert "--workers must be at least 1" in capsys.readouterr().err
+
+
+def test_build_help_lists_every_codec_and_refuses_an_unknown_one(capsys):
+    from mmgeo.search.codecs import CODECS
+    from serve.cli import parse
+
+    with pytest.raises(SystemExit):
+        parse(["build", "--help"])
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps the help
+    assert all(f"{c.name}: {c.help}" in text for c in CODECS.values())
+    assert "{fp16,sq8,sq4,pq4,pq8,pq16,rq8,rq16}" in text
+    with pytest.raises(SystemExit):
+        parse(["build", "--ckpt", "m.pt", "--data", "synthetic", "--out", "x", "--codec", "pq3"])
+    assert "invalid choice: 'pq3'" in capsys.readouterr().err
