@@ -16,7 +16,7 @@ import numpy as np
 
 from mmgeo.data.images import list_images, open_image
 from mmgeo.io import StagedDir, file_sha256
-from mmgeo.search.codecs import TRAIN_IMAGES, fp16_store, get_codec, min_train_vectors, write_coded_store
+from mmgeo.search.codecs import TRAIN_IMAGES, check_codec, fp16_store, write_coded_store
 from mmgeo.search.faiss_index import build_faiss, choose_index_type
 from mmgeo.search.shards import write_sharded
 from mmgeo.search.store import FORMAT, SHARDS_DIR
@@ -117,21 +117,6 @@ def _write_global(tmp: Path, pooled: np.ndarray, index_type: str, shard_size: in
     return kind, None
 
 
-def _check_codec(codec: str, rec: dict, train_images: int, count: int) -> None:
-    """Refuse, before any image is encoded: an unknown codec, one that cannot code the model's dimensions, and
-    fewer training images or patches (``count`` images at most) than it needs."""
-    c = get_codec(codec)
-    for d in (rec["d_a"], rec["d_e"]):
-        c.factory_for(d)
-    if train_images < 1:
-        raise ValueError(f"train_images must be at least 1, got {train_images}")
-    patches = min(count, train_images) * rec["num_patches"]
-    if patches < min_train_vectors(codec):
-        raise ValueError(f"codec {codec} needs at least {min_train_vectors(codec)} patches per head to train on; "
-                         f"{min(count, train_images)} image(s) give at most {patches}: use fp16, sq8 or sq4 for a "
-                         "gallery this small")
-
-
 def _commit(staging: StagedDir, model_rec: dict, meta: list[dict], kind: str, shards: dict | None,
             skipped: list[dict], codec: str = "fp16", train_images: int = TRAIN_IMAGES) -> dict:
     """Compress the fp16 arrays when ``codec`` says so, write meta and manifest into the staging dir (the global
@@ -191,7 +176,7 @@ def build_gallery(model, items: Iterable[tuple[str, object]], total: int, out: s
     _geometric(model)
     check_out(out, getattr(items, "folder", None))
     rec = _model_record(model, ckpt)
-    _check_codec(codec, rec, train_images, total)
+    check_codec(codec, rec, train_images, total)
     H, L = rec["num_heads"], rec["num_patches"]
     staging = StagedDir.next_to(Path(out))
     try:
@@ -263,7 +248,7 @@ def build_gallery_from_embedding(model, images, out: str | os.PathLike, ckpt: st
     check_out(out)
     rec = _model_record(model, ckpt)
     n = len(images)
-    _check_codec(codec, rec, train_images, n)
+    check_codec(codec, rec, train_images, n)
     staging = StagedDir.next_to(Path(out))
     try:
         for name, x, dtype in (("keys", images.attn, np.float16), ("values", images.value, np.float16),
@@ -293,7 +278,7 @@ def build_random_gallery(out: str | os.PathLike, count: int, num_heads: int, num
                          train_images: int = TRAIN_IMAGES) -> dict:
     """A gallery of random unit vectors (no images, no encoding) — for load tests of large indexes."""
     check_out(out)
-    _check_codec(codec, {"d_a": d_a, "d_e": d_e, "num_patches": num_patches}, train_images, count)
+    check_codec(codec, {"d_a": d_a, "d_e": d_e, "num_patches": num_patches}, train_images, count)
     rng = np.random.default_rng(seed)
 
     def blocks(shape, unit):

@@ -78,6 +78,22 @@ def min_train_vectors(codec: str) -> int:
     return CODEWORDS if get_codec(codec).dims_per_code > 1 else 1
 
 
+def check_codec(codec: str, rec: dict, train_images: int, count: int) -> None:
+    """Refuse (ValueError), before any image is encoded: an unknown codec, one that cannot code the model's
+    dimensions (``rec``: d_a, d_e, num_patches), and fewer training images or patches (``count`` images at most)
+    than it needs."""
+    c = get_codec(codec)
+    for d in (rec["d_a"], rec["d_e"]):
+        c.factory_for(d)
+    if train_images < 1:
+        raise ValueError(f"train_images must be at least 1, got {train_images}")
+    patches = min(count, train_images) * rec["num_patches"]
+    if patches < min_train_vectors(codec):
+        raise ValueError(f"codec {codec} needs at least {min_train_vectors(codec)} patches per head to train on; "
+                         f"{min(count, train_images)} image(s) give at most {patches}: use fp16, sq8 or sq4 for a "
+                         "gallery this small")
+
+
 def mask_bytes(num_patches: int, kind: str) -> int:
     """Stored mask bytes per image: fp16 stores a bool a patch, the others packed bits or (all real) nothing."""
     return {"bool": num_patches, "packed": -(-num_patches // 8), "all": 0}[kind]
