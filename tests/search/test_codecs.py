@@ -17,9 +17,10 @@ from mmgeo.search.two_stage import rerank_candidates, rerank_scores, search_text
 from tests.conftest import TINY
 
 N, H, L, D = 120, 2, 16, 16  # 120 images x 16 patches: 1,920 vectors per head, enough for 256 PQ codewords
-# Relative round-trip error (||x - decode(encode(x))|| / ||x||) of the test vectors: clusters plus 15 % noise.
-# PQ / RQ bounds are loose because 1,920 vectors train 256 codewords; fp16 is the rounding of half floats.
-BOUNDS = {"fp16": 1e-3, "sq8": 0.01, "sq4": 0.12, "pq4": 0.25, "pq8": 0.35, "pq16": 0.45, "rq8": 0.35, "rq16": 0.45}
+# Relative round-trip error (||x - decode(encode(x))|| / ||x||) of the test vectors (clusters plus 15 % noise): about
+# 1.5x what was measured (fp16 2e-4, sq8 0.005, sq4 0.09, pq4 0.08, pq8 0.10-0.11, pq16 0.12, rq8 0.09, rq16 0.12),
+# room for other BLAS / k-means rounding, far below what a broken codec gives (~1).
+BOUNDS = {"fp16": 1e-3, "sq8": 0.01, "sq4": 0.14, "pq4": 0.13, "pq8": 0.17, "pq16": 0.19, "rq8": 0.14, "rq16": 0.19}
 
 
 @pytest.fixture(scope="module")
