@@ -183,11 +183,22 @@ class Gallery:
 
     def image_keys(self, image_id: int) -> torch.Tensor:
         """(H, L, d_a) float32 keys of one image (decoded when the store is compressed)."""
-        return next(self.candidate_blocks([image_id]))[0][:, 0]
+        if self.codec == "fp16":
+            return torch.from_numpy(np.array(self.keys[image_id], np.float32))
+        return decode(self.quantizers["keys"], self.codes["keys"][[image_id]])[:, 0]
 
     def image_mask(self, image_id: int) -> torch.Tensor:
         """(L,) bool: the image's real patches."""
-        return next(self.candidate_blocks([image_id]))[2][0]
+        return self._mask_rows(np.array([image_id]))[0]
+
+    def _mask_rows(self, rows: np.ndarray) -> torch.Tensor:
+        """(K, L) bool mask of the given ids, whatever the store keeps (bools, packed bits, or nothing: all real)."""
+        if self.codec == "fp16":
+            return torch.from_numpy(self.mask[rows])
+        L = self.model_record["num_patches"]
+        if self.mask_bits is None:  # every patch of every image is real
+            return torch.ones(len(rows), L, dtype=torch.bool)
+        return torch.from_numpy(unpack_mask(self.mask_bits[rows], L))
 
     def block_size(self) -> int:
         """Candidates per block: ``BLOCK_IMAGES``, fewer when their fp32 keys + values would pass ``BLOCK_BYTES``."""
@@ -205,7 +216,6 @@ class Gallery:
         """
         ids = np.asarray(ids, dtype=np.int64)
         block = block or self.block_size()
-        L = self.model_record["num_patches"]
         for start in range(0, len(ids), block):
             rows = ids[start:start + block]
             if self.codec == "fp16":
@@ -213,11 +223,6 @@ class Gallery:
                 for arr in (self.keys, self.values):
                     x = torch.from_numpy(arr[rows])  # (K_b, H, L, d) fp16
                     kv.append(torch.empty(x.shape[1], x.shape[0], *x.shape[2:]).copy_(x.transpose(0, 1)))
-                yield kv[0], kv[1], torch.from_numpy(self.mask[rows])
-                continue
-            keys, values = (decode(self.quantizers[role], self.codes[role][rows]) for role in ROLES)
-            if self.mask_bits is None:  # every patch of every image is real
-                mask = torch.ones(len(rows), L, dtype=torch.bool)
             else:
-                mask = torch.from_numpy(unpack_mask(self.mask_bits[rows], L))
-            yield keys, values, mask
+                kv = [decode(self.quantizers[role], self.codes[role][rows]) for role in ROLES]  # (H, K_b, L, d)
+            yield kv[0], kv[1], self._mask_rows(rows)
