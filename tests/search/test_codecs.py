@@ -232,3 +232,14 @@ def test_an_index_from_before_the_store_record_reads_as_fp16(galleries, tmp_path
     g = Gallery(tmp_path / "old")
     assert g.codec == "fp16" and g.store == Gallery(root / "fp16").store
     assert torch.equal(g.image_mask(3), emb.mask[3])
+
+
+def test_a_sharded_index_takes_a_codec(model, tmp_path):
+    emb = embedding()
+    build_gallery_from_embedding(model, emb, tmp_path / "s", index_type="flat", shard_size=50, codec="sq8")
+    g = Gallery(tmp_path / "s")
+    assert g.manifest["version"] == 3 and g.manifest["shards"]["count"] == 3 and g.codec == "sq8"
+    text = Embedding(emb.pooled[99:100], emb.attn[99:100, :, :4], emb.value[99:100, :, :4],
+                     torch.ones(1, 4, dtype=torch.bool))
+    ids, _ = search_text(model, g, text, k=3, rerank=False)
+    assert ids[0] == 99  # its own global vector, found in the last shard
