@@ -39,6 +39,7 @@ from mmgeo.search.codecs import (
     MASK_BITS_FILE,
     ROLES,
     CodebookError,
+    Codewords,
     decode,
     fp16_store,
     load_quantizers,
@@ -120,6 +121,7 @@ class Gallery:
         else:
             try:
                 self.quantizers = load_quantizers(self.root, self.store, H, self.dims)  # role -> one per head
+                self.codewords = {role: Codewords.of(self.quantizers[role]) for role in ROLES}  # None: SQ
             except CodebookError as err:
                 raise GalleryError(str(err)) from err
             self.codes = {role: np.load(self.root / CODES_FILE.format(role=role), mmap_mode="r")  # (N, H, L, cs)
@@ -185,7 +187,7 @@ class Gallery:
         """(H, L, d_a) float32 keys of one image (decoded when the store is compressed)."""
         if self.codec == "fp16":
             return torch.from_numpy(np.array(self.keys[image_id], np.float32))
-        return decode(self.quantizers["keys"], self.codes["keys"][[image_id]])[:, 0]
+        return self._decode("keys", self.codes["keys"][[image_id]])[:, 0]
 
     def image_mask(self, image_id: int) -> torch.Tensor:
         """(L,) bool: the image's real patches."""
@@ -200,19 +202,39 @@ class Gallery:
             return torch.ones(len(rows), L, dtype=torch.bool)
         return torch.from_numpy(unpack_mask(self.mask_bits[rows], L))
 
-    def block_size(self) -> int:
-        """Candidates per block: ``BLOCK_IMAGES``, fewer when their fp32 keys + values would pass ``BLOCK_BYTES``."""
+    def _decode(self, role: str, codes: np.ndarray) -> torch.Tensor:
+        """(K, H, L, code_size) codes of ``role`` -> (H, K, L, d) float32."""
+        words = self.codewords[role]
+        return words.decode(codes) if words is not None else decode(self.quantizers[role], codes)
+
+    @property
+    def scores_from_codes(self) -> bool:
+        """Keys and values are both sums of codewords (PQ, RQ): re-rank scores them from look-up tables
+        (``code_blocks``) instead of decoding them."""
+        return self.codec != "fp16" and all(self.codewords[role] is not None for role in ROLES)
+
+    def block_size(self, width: int | None = None) -> int:
+        """Candidates per block: ``BLOCK_IMAGES``, fewer when their ``width`` fp32 numbers per head and patch
+        (default d_a + d_e: decoded keys and values) would pass ``BLOCK_BYTES``."""
         r = self.model_record
-        per_image = 4 * r["num_heads"] * r["num_patches"] * (r["d_a"] + r["d_e"])
+        per_image = 4 * r["num_heads"] * r["num_patches"] * (width or r["d_a"] + r["d_e"])
         return max(1, min(BLOCK_IMAGES, BLOCK_BYTES // per_image))
+
+    def code_blocks(self, ids, block: int):
+        """Yield key rows (H, K_b, L, M_k), value rows (H, K_b, L, M_v) of the ``codewords`` tables (int64) and mask
+        (K_b, L) bool of consecutive blocks of ``block`` of the given ids, in order (``scores_from_codes`` only)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        for start in range(0, len(ids), block):
+            rows = ids[start:start + block]
+            yield (*(self.codewords[role].indices(self.codes[role][rows]) for role in ROLES), self._mask_rows(rows))
 
     def candidate_blocks(self, ids, block: int | None = None):
         """Yield keys (H, K_b, L, d_a), values (H, K_b, L, d_e) float32, head-major, and mask (K_b, L) bool of
         consecutive blocks of ``block`` (default ``block_size()``) of the given ids, in order.
 
         Only those rows of the memory-mapped store are read; fp16 rows are converted and transposed in one copy,
-        codes are decoded by their quantizers (``mmgeo.search.codecs.decode``). fp32 keys/values exist for one
-        block at a time, so memory does not grow with K'.
+        codes are decoded by their quantizers (``mmgeo.search.codecs.Codewords``, FAISS for SQ). fp32 keys/values
+        exist for one block at a time, so memory does not grow with K'.
         """
         ids = np.asarray(ids, dtype=np.int64)
         block = block or self.block_size()
@@ -224,5 +246,5 @@ class Gallery:
                     x = torch.from_numpy(arr[rows])  # (K_b, H, L, d) fp16
                     kv.append(torch.empty(x.shape[1], x.shape[0], *x.shape[2:]).copy_(x.transpose(0, 1)))
             else:
-                kv = [decode(self.quantizers[role], self.codes[role][rows]) for role in ROLES]  # (H, K_b, L, d)
+                kv = [self._decode(role, self.codes[role][rows]) for role in ROLES]  # (H, K_b, L, d)
             yield kv[0], kv[1], self._mask_rows(rows)

@@ -12,9 +12,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from mmgeo.kernels import candidate_scores
+from mmgeo.kernels import attention_scale, candidate_scores
+from mmgeo.kernels.pair_score import SAFE_LOGIT
 from mmgeo.search.build import build_gallery_from_embedding
 from mmgeo.search.store import Gallery
 
@@ -34,12 +36,44 @@ def rerank_scores(q: torch.Tensor, q_mask: torch.Tensor, u: torch.Tensor, keys: 
     return per_token.mean(0) / q.shape[0]  # mean over tokens and heads
 
 
+def table_scores(lut_k: torch.Tensor, lut_v: torch.Tensor, key_rows: torch.Tensor, value_rows: torch.Tensor,
+                 mask: torch.Tensor) -> torch.Tensor:
+    """``candidate_scores`` (Σ_j a_tj <u_t, v_j>, summed over heads: (n, K)) of keys and values that are sums of
+    codewords, straight from their codes (``mmgeo.search.codecs.Codewords``), without decoding them.
+
+    lut_k (H·M_k·256, n): every key codeword's dot product with each scaled q_t; lut_v (H·M_v·256, n): with
+    each u_t; key_rows (H, K, S, M_k), value_rows (H, K, S, M_v): the codes as rows of those tables; mask (K, S).
+    A logit <q_t, k_j> is the sum of its M_k table entries (one ``embedding_bag``), so the work per candidate
+    is M gathers of n numbers per patch instead of decoding d numbers and a d-long dot product per token.
+    """
+    H, K, S, M_k = key_rows.shape
+    n = lut_k.shape[1]
+    logits = F.embedding_bag(key_rows.view(-1, M_k), lut_k, mode="sum").view(H, K, S, n)  # (H, K, S, n)
+    uv = F.embedding_bag(value_rows.view(-1, value_rows.shape[-1]), lut_v, mode="sum").view(H, K, S, n)
+    shift = bool(logits.abs().amax() >= SAFE_LOGIT) if logits.numel() else False
+    if not bool(mask.all()):
+        logits.masked_fill_(~mask[None, :, :, None], float("-inf"))
+    if shift:
+        logits -= logits.amax(2, keepdim=True)
+    weights = logits.exp_()  # (H, K, S, n)
+    return ((weights * uv).sum(2) / weights.sum(2)).sum(0).T  # (n, K)
+
+
 def rerank_candidates(q: torch.Tensor, q_mask: torch.Tensor, u: torch.Tensor, gallery: Gallery, ids,
                       block: int | None = None) -> torch.Tensor:
     """``rerank_scores`` of one caption (q (H, T, d_a), q_mask (T,), u (H, T, d_e)) against the gallery images
-    ``ids`` (K,) -> (K,), a block of candidates at a time (``Gallery.candidate_blocks``: read, decoded when the
-    store is compressed, scored, dropped), whatever the store's codec."""
-    return torch.cat([rerank_scores(q, q_mask, u, *kv) for kv in gallery.candidate_blocks(ids, block)])
+    ``ids`` (K,) -> (K,), a block of candidates at a time, whatever the store's codec: PQ / RQ codes scored from
+    the caption's look-up tables (``table_scores``, ``Gallery.code_blocks``), fp16 and SQ read and decoded
+    (``Gallery.candidate_blocks``), then scored and dropped."""
+    if not gallery.scores_from_codes:
+        return torch.cat([rerank_scores(q, q_mask, u, *kv) for kv in gallery.candidate_blocks(ids, block)])
+    q, u = q[:, q_mask].float(), u[:, q_mask].float()  # (H, n, d) real tokens only
+    H, n, d_a = q.shape
+    lut_k = gallery.codewords["keys"].lut(q * attention_scale(d_a))  # (H·M_k·256, n)
+    lut_v = gallery.codewords["values"].lut(u)  # (H·M_v·256, n)
+    blocks = gallery.code_blocks(ids, block or gallery.block_size(2 * n))  # logits and <u, v>: 2n per patch
+    per_token = torch.cat([table_scores(lut_k, lut_v, *rows) for rows in blocks], dim=1)  # (n, K)
+    return per_token.mean(0) / H  # mean over tokens and heads
 
 
 @torch.inference_mode()

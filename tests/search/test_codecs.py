@@ -9,9 +9,10 @@ import pytest
 import torch
 
 import mmgeo
+from mmgeo.kernels.pair_score import SAFE_LOGIT
 from mmgeo.models import Embedding
 from mmgeo.search.build import build_gallery_from_embedding, build_random_gallery
-from mmgeo.search.codecs import CODECS, ROLES, bytes_per_image, decode
+from mmgeo.search.codecs import CODECS, ROLES, Codewords, bytes_per_image, decode
 from mmgeo.search.store import Gallery, GalleryError
 from mmgeo.search.two_stage import rerank_candidates, rerank_scores, search_text
 from tests.conftest import TINY
@@ -104,7 +105,7 @@ def test_manifest_sizes_are_the_bytes_on_disk(galleries, codec):
     assert store["bytes_per_image"] <= fp16 / ratio
 
 
-@pytest.mark.parametrize("codec", ["fp16", "sq8", "pq8", "rq16"])
+@pytest.mark.parametrize("codec", ["fp16", "sq8", "pq8", "pq16", "rq8", "rq16"])
 def test_rerank_from_codes_equals_rerank_of_the_decoded_arrays(model, galleries, codec):
     """The block path (read, decode, score, drop) gives the numbers of the same function over all decoded keys."""
     root, _ = galleries
@@ -117,6 +118,30 @@ def test_rerank_from_codes_equals_rerank_of_the_decoded_arrays(model, galleries,
         for block in (1, 4, None):
             got = rerank_candidates(text.attn[i], text.mask[i], text.value[i], g, ids, block)
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("codec", ["sq8", "pq4", "pq8", "rq8", "rq16"])
+def test_codeword_sums_decode_as_faiss_does(galleries, codec):
+    """PQ and RQ codes are sums of codewords (one embedding_bag over the stacked tables, and the look-up tables
+    of the re-rank); both equal FAISS's own sa_decode, head by head. SQ is not such a code."""
+    g = Gallery(galleries[0] / codec)
+    assert g.scores_from_codes == (codec != "sq8")
+    for role in ROLES:
+        words = Codewords.of(g.quantizers[role])
+        assert (words is None) == (codec == "sq8")
+        codes = np.array(g.codes[role][[3, 0, 119, 57]])  # (4, H, L, cs)
+        got = g._decode(role, codes)  # (H, 4, L, d)
+        for h in range(H):
+            want = g.quantizers[role][h].sa_decode(codes[:, h].reshape(-1, codes.shape[-1]))
+            torch.testing.assert_close(got[h].reshape(-1, got.shape[-1]), torch.from_numpy(want), rtol=1e-5,
+                                       atol=1e-6)
+        if words is not None:  # a dot product with a code = the sum of its M look-up table entries
+            x = torch.randn(H, 3, got.shape[-1])  # (H, n, d)
+            lut = words.lut(x)  # (H·M·256, n)
+            rows = words.indices(codes)  # (H, 4, L, M)
+            dots = torch.nn.functional.embedding_bag(rows.view(-1, rows.shape[-1]), lut, mode="sum")
+            want = torch.einsum("hkld,hnd->hkln", got, x).reshape(-1, 3)
+            torch.testing.assert_close(dots, want, rtol=1e-4, atol=1e-5)
 
 
 def test_blocks_bound_the_decoded_candidates(galleries, monkeypatch):
@@ -140,6 +165,28 @@ def test_padding_masks_are_packed_bits(model, tmp_path):
     assert g.store["bytes_per_image"] == H * L * 2 * D + 2  # 16 patches -> 2 bytes of bits
     got = torch.cat([m for _, _, m in g.candidate_blocks(np.arange(N), block=13)])
     assert torch.equal(got, mask) and torch.equal(g.image_mask(3), mask[3])
+
+
+@pytest.mark.parametrize("key_scale", [1.0, 200.0])  # 200: logits past SAFE_LOGIT, the softmax must shift
+def test_scores_from_codes_with_padding_and_large_logits(model, tmp_path, key_scale):
+    mask = torch.ones(N, L, dtype=torch.bool)
+    mask[::3, 10:] = False
+    emb = embedding(mask=mask)
+    emb = Embedding(emb.pooled, emb.attn * key_scale, emb.value, emb.mask)
+    build_gallery_from_embedding(model, emb, tmp_path / "i", index_type="flat", codec="rq8")
+    g = Gallery(tmp_path / "i")
+    assert g.scores_from_codes and g.store["mask"] == "packed"
+    keys, values, got_mask = decoded_all(g)
+    assert torch.equal(got_mask, mask)
+    text = model.encode_text(["a small blue square on the left of a big green triangle"])
+    ids = np.array([0, 1, 3, 6, 7, 119, 60, 33])  # padded and full images
+    want = rerank_scores(text.attn[0], text.mask[0], text.value[0], keys[:, ids], values[:, ids], mask[ids])
+    q = text.attn[0][:, text.mask[0]] / D ** 0.5  # (H, n, D) scaled queries
+    big = float(torch.einsum("hnd,hkld->hnkl", q, keys[:, ids]).abs().max()) >= SAFE_LOGIT
+    assert big == (key_scale > 1) and torch.isfinite(want).all()
+    for block in (1, 3, None):
+        got = rerank_candidates(text.attn[0], text.mask[0], text.value[0], g, ids, block)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
 def test_search_check_images_and_explain_keys_work_on_a_coded_index(model, galleries):
