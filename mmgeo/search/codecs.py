@@ -264,8 +264,8 @@ class Codewords:
     def __init__(self, tables: torch.Tensor):
         self.table = tables.reshape(-1, tables.shape[-1])  # (H * M * 256, d), head-major
         H, MC, _ = tables.shape
-        self.num_heads, self.m = H, MC // CODEWORDS
-        self.offsets = (torch.arange(H).view(H, 1, 1, 1) * self.m + torch.arange(self.m)) * CODEWORDS  # (H,1,1,M)
+        M = MC // CODEWORDS
+        self.offsets = (torch.arange(H).view(H, 1, 1, 1) * M + torch.arange(M)) * CODEWORDS  # (H, 1, 1, M)
 
     @classmethod
     def of(cls, quantizers: list) -> Codewords | None:
