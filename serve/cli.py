@@ -89,7 +89,10 @@ SETTINGS_ENV = "MMGEO_SERVE_SETTINGS"
 
 
 def _app(settings: dict):
-    """The app of one server process, from the ``run`` settings (threads set first)."""
+    """The app of one server process, from the ``run`` settings (threads set first; what is loaded is then moved
+    out of the garbage collector's reach, ``gc.freeze``)."""
+    import gc
+
     import faiss
     import torch
 
@@ -98,7 +101,16 @@ def _app(settings: dict):
     torch.set_num_threads(settings["torch_threads"])
     faiss.omp_set_num_threads(settings["torch_threads"])
     given = {k: settings[k] for k in ("batch_wait_ms", "batch_workers") if settings[k] is not None}
-    return create_app(settings["index"], ckpt=settings["ckpt"], limits=Limits(k_prime=settings["k_prime"], **given))
+    app = create_app(settings["index"], ckpt=settings["ckpt"], limits=Limits(k_prime=settings["k_prime"], **given))
+    gc.collect()
+    gc.freeze()  # what torch, transformers, FastAPI and the model allocated: left out of every later collection,
+    return app  # whose full passes over it stalled all requests in flight (docs/serve.md, "Tail latency")
+
+
+def run_settings(args) -> dict:
+    """What ``_app`` needs of ``run``'s arguments (JSON-able: passed to worker processes in ``SETTINGS_ENV``)."""
+    return {k: getattr(args, k) for k in ("index", "ckpt", "k_prime", "batch_wait_ms", "batch_workers",
+                                          "torch_threads")}
 
 
 def app_from_env():
@@ -117,8 +129,7 @@ def run(args) -> int:
 
     if args.workers < 1:
         raise ValueError(f"--workers must be at least 1, got {args.workers}")
-    settings = {k: getattr(args, k) for k in ("index", "ckpt", "k_prime", "batch_wait_ms", "batch_workers",
-                                                "torch_threads")}
+    settings = run_settings(args)
     app = _app(settings)  # in this process too: a bad index or checkpoint fails here, with its message
     if args.workers == 1:
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning")

@@ -31,7 +31,8 @@ def test_load_search_reports_both_clients_without_errors(tmp_path):
         assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
         rows = json.loads(out.read_text())
         assert [(r["rerank"], r["clients"]) for r in rows] == [(False, 1), (False, 2), (True, 1), (True, 2)]
-        assert all(r["errors"] == 0 and r["requests"] == 12 and r["p99_ms"] >= r["p50_ms"] > 0 for r in rows)
+        assert all(r["errors"] == 0 and r["requests"] == 12 for r in rows)
+        assert all(r["max_ms"] >= r["p999_ms"] >= r["p99_ms"] >= r["p50_ms"] > 0 for r in rows)
         assert f"({client} client)" in res.stdout
 
 

@@ -266,6 +266,7 @@ class Codewords:
         H, MC, _ = tables.shape
         M = MC // CODEWORDS
         self.offsets = (torch.arange(H).view(H, 1, 1, 1) * M + torch.arange(M)) * CODEWORDS  # (H, 1, 1, M)
+        self.max_norm = tables.view(H, M, CODEWORDS, -1).norm(dim=-1).amax(2).sum(1)  # (H,) ≥ any decoded |x|
 
     @classmethod
     def of(cls, quantizers: list) -> Codewords | None:

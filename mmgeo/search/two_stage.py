@@ -37,7 +37,7 @@ def rerank_scores(q: torch.Tensor, q_mask: torch.Tensor, u: torch.Tensor, keys: 
 
 
 def table_scores(lut_k: torch.Tensor, lut_v: torch.Tensor, key_rows: torch.Tensor, value_rows: torch.Tensor,
-                 mask: torch.Tensor) -> torch.Tensor:
+                 mask: torch.Tensor, shift: bool = True) -> torch.Tensor:
     """``candidate_scores`` (Σ_j a_tj <u_t, v_j>, summed over heads: (n, K)) of keys and values that are sums of
     codewords, straight from their codes (``mmgeo.search.codecs.Codewords``), without decoding them.
 
@@ -45,12 +45,12 @@ def table_scores(lut_k: torch.Tensor, lut_v: torch.Tensor, key_rows: torch.Tenso
     each u_t; key_rows (H, K, S, M_k), value_rows (H, K, S, M_v): the codes as rows of those tables; mask (K, S).
     A logit <q_t, k_j> is the sum of its M_k table entries (one ``embedding_bag``), so the work per candidate
     is M gathers of n numbers per patch instead of decoding d numbers and a d-long dot product per token.
+    ``shift``: subtract each softmax's max (needed only when a logit can reach ``SAFE_LOGIT``).
     """
     H, K, S, M_k = key_rows.shape
     n = lut_k.shape[1]
     logits = F.embedding_bag(key_rows.view(-1, M_k), lut_k, mode="sum").view(H, K, S, n)  # (H, K, S, n)
     uv = F.embedding_bag(value_rows.view(-1, value_rows.shape[-1]), lut_v, mode="sum").view(H, K, S, n)
-    shift = bool(logits.abs().amax() >= SAFE_LOGIT) if logits.numel() else False
     if not bool(mask.all()):
         logits.masked_fill_(~mask[None, :, :, None], float("-inf"))
     if shift:
@@ -69,10 +69,13 @@ def rerank_candidates(q: torch.Tensor, q_mask: torch.Tensor, u: torch.Tensor, ga
         return torch.cat([rerank_scores(q, q_mask, u, *kv) for kv in gallery.candidate_blocks(ids, block)])
     q, u = q[:, q_mask].float(), u[:, q_mask].float()  # (H, n, d) real tokens only
     H, n, d_a = q.shape
-    lut_k = gallery.codewords["keys"].lut(q * attention_scale(d_a))  # (H·M_k·256, n)
+    q = q * attention_scale(d_a)
+    keys = gallery.codewords["keys"]
+    lut_k = keys.lut(q)  # (H·M_k·256, n)
     lut_v = gallery.codewords["values"].lut(u)  # (H·M_v·256, n)
+    shift = bool((q.norm(dim=-1).amax(1) * keys.max_norm).amax() >= SAFE_LOGIT) if n else False  # |<q, k>| bound
     blocks = gallery.code_blocks(ids, block or gallery.block_size(2 * n))  # logits and <u, v>: 2n per patch
-    per_token = torch.cat([table_scores(lut_k, lut_v, *rows) for rows in blocks], dim=1)  # (n, K)
+    per_token = torch.cat([table_scores(lut_k, lut_v, *rows, shift) for rows in blocks], dim=1)  # (n, K)
     return per_token.mean(0) / H  # mean over tokens and heads
 
 

@@ -136,6 +136,7 @@ def test_codeword_sums_decode_as_faiss_does(galleries, codec):
             torch.testing.assert_close(got[h].reshape(-1, got.shape[-1]), torch.from_numpy(want), rtol=1e-5,
                                        atol=1e-6)
         if words is not None:  # a dot product with a code = the sum of its M look-up table entries
+            assert (got.norm(dim=-1).amax((1, 2)) <= words.max_norm * (1 + 1e-6)).all()  # the softmax-shift bound
             x = torch.randn(H, 3, got.shape[-1])  # (H, n, d)
             lut = words.lut(x)  # (H·M·256, n)
             rows = words.indices(codes)  # (H, 4, L, M)

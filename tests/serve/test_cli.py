@@ -43,3 +43,25 @@ def test_build_help_lists_every_codec_and_refuses_an_unknown_one(capsys):
     with pytest.raises(SystemExit):
         parse(["build", "--ckpt", "m.pt", "--data", "synthetic", "--out", "x", "--codec", "pq3"])
     assert "invalid choice: 'pq3'" in capsys.readouterr().err
+
+
+def test_a_server_process_freezes_what_it_loaded(serve_env):
+    """``run``'s app leaves the loaded model, index and libraries out of the garbage collector's scans (a full
+    collection over them is a stall of every request in flight)."""
+    import gc
+
+    import faiss
+    import torch
+
+    from serve.cli import _app, parse, run_settings
+
+    threads = torch.get_num_threads(), faiss.omp_get_max_threads()
+    gc.unfreeze()
+    try:
+        app = _app(run_settings(parse(["run", "--index", str(serve_env.idx)])))
+        assert gc.get_freeze_count() > 10_000
+        assert app.state.gallery.count > 0
+    finally:
+        gc.unfreeze()
+        torch.set_num_threads(threads[0])
+        faiss.omp_set_num_threads(threads[1])
