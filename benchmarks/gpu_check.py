@@ -48,6 +48,10 @@ import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from benchmarks.gpu_check_inputs import attn_inputs, compare, pair_inputs, random_embedding  # noqa: E402
+from benchmarks.gpu_check_report import environment, markdown  # noqa: E402 - after the path
+
 T0 = time.monotonic()  # a section's budget counts from its process start (imports included)
 SECTIONS = ("correctness", "kernel_speed", "training", "evaluation")
 BUDGETS_S = {"correctness": 130, "kernel_speed": 100, "training": 150, "evaluation": 50}
@@ -136,43 +140,6 @@ def timed(fn, dev, budget_s: float = 5.0) -> float:
 
 
 # ------------------------------------------------------------------------------------------------- correctness
-
-
-def pair_inputs(bt, bi, h, t, s, da, de, dtype, dev, seed=0):
-    """q (B_t, H, T, d_a), u (B_t, H, T, d_e), k (B_i, H, S, d_a), v (B_i, H, S, d_e); padded captions, patch holes."""
-    import torch
-
-    g = torch.Generator().manual_seed(seed)
-    mk = lambda *shape: torch.randn(*shape, generator=g).to(dev, dtype)  # noqa: E731
-    q, u, k, v = mk(bt, h, t, da), mk(bt, h, t, de), mk(bi, h, s, da), mk(bi, h, s, de)
-    q_mask = torch.arange(t)[None] < torch.randint(1, t + 1, (bt, 1), generator=g)  # (B_t, T)
-    q_mask[0] = True
-    k_mask = torch.rand(bi, s, generator=g) > 0.3  # (B_i, S) holes anywhere
-    k_mask[0, :16] = False  # a whole tile of padding first
-    k_mask[:, -1] = True
-    return (q, u, k, v), (q_mask.to(dev), k_mask.to(dev))
-
-
-def attn_inputs(b, h, n, m, da, dv, pad, dtype, dev, seed=0):
-    """q (B, H, N, d_a), k (B, H, M, d_a), v (B, H, M, d_v); key_padding_mask (B, M), True = padding."""
-    import torch
-
-    g = torch.Generator().manual_seed(seed)
-    mk = lambda *shape: torch.randn(*shape, generator=g).to(dev, dtype)  # noqa: E731
-    kpm = None
-    if pad:
-        kpm = torch.rand(b, m, generator=g) < 0.3
-        kpm[0, 0], kpm[0, -1] = True, False
-        kpm = kpm.to(dev)
-    return (mk(b, h, n, da), mk(b, h, m, da), mk(b, h, m, dv)), kpm
-
-
-def compare(actual, expected, tol: float) -> dict:
-    """Max abs / rel error in fp64 and the kernel tests' criterion |err| <= tol·max|ref| + tol·|ref|."""
-    a, b = actual.double(), expected.double()
-    err, scale = (a - b).abs(), b.abs().max().item()
-    ok = bool((err <= tol * max(scale, 1e-6) + tol * b.abs()).all()) and bool(a.isfinite().all())
-    return {"max_abs": err.max().item(), "max_rel": err.max().item() / max(scale, 1e-12), "pass": ok}
 
 
 def check_case(kernel: str, shape, dtype, dev) -> dict:
@@ -499,20 +466,6 @@ def section_training(sec: Section, dev, dry: bool) -> None:
 # -------------------------------------------------------------------------------------------------- evaluation
 
 
-def random_embedding(n, H, L, da, de, dg, dtype, dev, seed, min_len=None):
-    """Embedding: pooled (n, d_g), attn (n, H, L, d_a), value (n, H, L, d_e) unit, mask (n, L)."""
-    import torch
-    import torch.nn.functional as F
-
-    from mmgeo.models.embedding import Embedding
-
-    g = torch.Generator().manual_seed(seed)
-    mk = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
-    mask = torch.arange(L)[None] < torch.randint(min_len or L, L + 1, (n, 1), generator=g)
-    return Embedding(F.normalize(mk(n, dg), dim=-1).to(dev), mk(n, H, L, da).to(dev, dtype),
-                     F.normalize(mk(n, H, L, de), dim=-1).to(dev, dtype), mask.to(dev))
-
-
 class ScoreOnly:
     """What scoring and the gallery read of a model (its config, geometric flag), scored by GeoRetriever.score."""
 
@@ -574,79 +527,6 @@ def section_evaluation(sec: Section, dev, dry: bool) -> None:
             two_stage, need_s=5)
 
 
-# ------------------------------------------------------------------------------------------------------ report
-
-
-def environment(dry: bool) -> dict:
-    import torch
-
-    def cmd(*args):
-        try:
-            return subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=20).stdout.strip() or None
-        except (OSError, subprocess.SubprocessError):
-            return None
-
-    try:
-        import triton
-
-        triton_version = triton.__version__
-    except ImportError:
-        triton_version = None
-    cuda = torch.cuda.is_available()
-    dirty = bool(cmd("git", "status", "--porcelain", "--untracked-files=no"))
-    return {"gpu": torch.cuda.get_device_name(0) if cuda else "none (CPU)",
-            "driver": cmd("nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader") if cuda else None,
-            "cuda": torch.version.cuda, "torch": torch.__version__, "triton": triton_version,
-            "python": sys.version.split()[0], "commit": (cmd("git", "rev-parse", "--short", "HEAD") or "?")
-            + ("+dirty" if dirty else ""), "dry_run": dry, "triton_mode": "interpreted" if dry else "compiled",
-            "exp_per_s": EXP_PER_S, "command": " ".join([Path(sys.executable).name, *sys.argv])}
-
-
-def fmt(x) -> str:
-    if isinstance(x, float):
-        return f"{x:.3g}" if abs(x) < 1e4 else f"{x:,.0f}"
-    return "" if x is None else str(x)
-
-
-def table(rows: list[dict], cols: list[str]) -> str:
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for r in rows:
-        status = r.get("status", "")
-        cells = [fmt(r.get(c)) if c != "status" else status + (f": {r.get('reason') or ''}" if
-                 status == "skipped" else f" ({(r.get('error') or '').strip().splitlines()[-1][:120]})"
-                 if status == "error" else "") for c in cols]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-COLUMNS = {"correctness": ["kernel", "case", "dtype", "config", "pass", "max_abs", "max_rel", "tol", "status"],
-           "kernel_speed": ["kernel", "shape", "pass", "impl", "ms", "time_over_triton", "triton_speedup", "tflops",
-                            "exp_bound_ms", "exp_bound_fraction", "note", "status"],
-           "training": ["model", "batch", "steps", "samples_per_s", "peak_gib", "pair_score_path", "score_inputs",
-                        "note", "status"],
-           "evaluation": ["what", "captions", "images", "k_prime", "dtype", "device", "pair_score_path", "seconds",
-                          "queries_per_s", "build_s", "status"]}
-
-
-def markdown(report: dict) -> str:
-    env = report["environment"]
-    out = ["## GPU check" + (" (dry run: CPU, interpreted Triton, tiny shapes; timings meaningless)"
-                             if env["dry_run"] else ""), "", table([env], ["gpu", "driver", "cuda", "torch", "triton",
-                                                                           "commit", "triton_mode"]), ""]
-    for name in SECTIONS:
-        sec = report[name]
-        head = f"### {name} ({sec['status']}, {fmt(sec.get('seconds'))} s of {sec.get('budget_s')} s)"
-        if name == "correctness":
-            ran = [r for r in sec["results"] if r.get("status") == "ok"]
-            head += f": {sum(bool(r.get('pass')) for r in ran)} of {len(ran)} cases that ran pass"
-        out += [head, "", table(sec["results"], COLUMNS[name]), ""]
-        if sec.get("error"):
-            out += ["```", sec["error"].strip()[-800:], "```", ""]
-    out.append(f"exp bound: exps / {EXP_PER_S:.2g} per s (`EXP_PER_S`); exp_bound_fraction = bound / measured. "
-               f"Command: `{env['command']}`.")
-    return "\n".join(out) + "\n"
-
-
 def run_sections(out: Path, dry: bool) -> dict:
     budgets, total = (DRY_BUDGETS_S, DRY_TOTAL_S) if dry else (BUDGETS_S, TOTAL_S)
     t0, report = time.monotonic(), {}
@@ -703,7 +583,7 @@ def main() -> int:
         except Exception as err:  # noqa: BLE001 - recorded in the JSON
             sec.save("error", summary(err))
         return 0
-    report = {"environment": environment(args.dry_run), **run_sections(out, args.dry_run)}
+    report = {"environment": environment(args.dry_run, EXP_PER_S), **run_sections(out, args.dry_run)}
     (out / "gpu_check.json").write_text(json.dumps(report, indent=1, default=str))
     md = markdown(report)
     (out / "gpu_check.md").write_text(md)
