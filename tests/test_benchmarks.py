@@ -111,3 +111,33 @@ def test_codecs_benchmark_reports_every_codec_and_fills_its_section(tmp_path):
     text = doc.read_text()
     assert text.startswith("before\n<!-- codecs:start -->\n`python benchmarks/codecs.py") and "old" not in text
     assert text.endswith("<!-- codecs:end -->\nafter\n") and "| pq16 | 64 | 1/32.2 |" in text
+
+
+def test_prune_patches_reports_every_criterion(tmp_path):
+    """Toy splits, a random-init tiny model: keeping every patch scores as the unpruned store under each criterion;
+    fewer patches: one row per criterion, bytes in proportion."""
+    import torch
+
+    import mmgeo
+    from tests.conftest import TINY
+
+    torch.manual_seed(0)
+    ckpt = tmp_path / "m.pt"
+    mmgeo.save_model(mmgeo.create_model("geo-tiny", **TINY).eval(), ckpt)
+    out = tmp_path / "prune.json"
+    args = [sys.executable, "benchmarks/prune_patches.py", "--ckpt", str(ckpt), "--limit", "20", "--keep", "16", "8",
+            "--queries", "5", "--json", str(out)]
+    res = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    data = json.loads(out.read_text())
+    S, rows = data["patches"], data["rows"]
+    assert S == 16 and data["images"] == 20 and data["captions"] == 20 and data["queries"] == 5
+    assert [(r["keep"], r["criterion"]) for r in rows] == [(16, "all patches")] + [
+        (k, c) for k in (16, 8) for c in ("attention mass", "key norm", "random")]
+    full = rows[0]
+    for r in rows[1:]:
+        assert 0 <= r["text_to_image_R@1"] <= 100
+        assert all(r[b] * S == full[b] * r["keep"] for b in ("fp16_bytes", "rq8_bytes"))
+        if r["keep"] == S:
+            assert r["text_to_image_R@1"] == full["text_to_image_R@1"]
+    assert "| 8 | attention mass |" in res.stdout
