@@ -45,17 +45,20 @@ def parse(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def attention_mass(queries, images):
-    """(N, S) softmax weight each patch of each image receives, summed over the queries' real tokens and heads.
-    queries, images: ``Embedding`` (attn (n, H, T, d_a) / (N, H, S, d_a), masks)."""
+def attention_mass(queries, images, chunk: int = 64):
+    """(N, S) softmax weight each patch of each image receives, summed over the queries' real tokens and heads,
+    ``chunk`` images at a time (weights of (chunk, t, S) exist at once). queries, images: ``Embedding``
+    (attn (n, H, T, d_a) / (N, H, S, d_a), masks)."""
     import torch
 
     H, d_a = images.attn.shape[1], images.attn.shape[-1]
     q = torch.cat([queries.attn[i][:, queries.mask[i]] for i in range(len(queries))], dim=1) / d_a ** 0.5  # (H, t, d_a)
     mass = torch.zeros(images.mask.shape)  # (N, S)
-    for h in range(H):
-        logits = torch.einsum("td,nsd->nts", q[h].float(), images.attn[:, h].float())  # (N, t, S)
-        mass += logits.masked_fill(~images.mask[:, None], float("-inf")).softmax(-1).sum(1)
+    for a in range(0, len(mass), chunk):
+        keys, real = images.attn[a:a + chunk].float(), images.mask[a:a + chunk]  # (c, H, S, d_a), (c, S)
+        for h in range(H):
+            logits = torch.einsum("td,nsd->nts", q[h].float(), keys[:, h])  # (c, t, S)
+            mass[a:a + chunk] += logits.masked_fill(~real[:, None], float("-inf")).softmax(-1).sum(1)
     return mass
 
 
