@@ -45,6 +45,10 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--codecs", nargs="+", default=list(CODECS), choices=list(CODECS))
     p.add_argument("--k-prime", type=int, default=100)
     p.add_argument("--latency-queries", type=int, default=300, help="captions timed per codec")
+    p.add_argument("--keep-patches", type=int, nargs="*", default=[], metavar="N",
+                   help="also build each codec pruned to N patches per image (mmgeo.search.pruning)")
+    p.add_argument("--prune-queries", type=int, default=200,
+                   help="sample captions for pruning: the first N of the validation split (never the evaluated one)")
     p.add_argument("--out", default="runs/codecs")
     p.add_argument("--report-to", default=None, help="also replace the <!-- codecs:start/end --> section of this file")
     return p.parse_args(argv)
@@ -54,14 +58,17 @@ def pct(x: float) -> str:
     return f"{100 * x:.1f}"
 
 
-def projected(codec: str) -> dict:
-    """Bytes per image and store size at 1M / 100M images for the big model's shapes (every patch real)."""
+def projected(codec: str, kept: float = 1.0) -> dict:
+    """Bytes per image and store size at 1M / 100M images for the big model's shapes (every patch real), keeping
+    the fraction ``kept`` of its patches (plus the kept-patch bits when pruned)."""
     from mmgeo.models.registry import model_config
     from mmgeo.search.codecs import bytes_per_image
 
     cfg = model_config(BIG_MODEL)
-    L = (cfg.image_size // cfg.patch_size) ** 2
+    S = (cfg.image_size // cfg.patch_size) ** 2
+    L = S if kept == 1.0 else max(1, round(S * kept))
     per = bytes_per_image(codec, cfg.num_heads, L, cfg.d_a, cfg.d_e, "bool" if codec == "fp16" else "all")
+    per += 0 if L == S else -(-S // 8)
     return {"bytes_per_image": per, **{str(n): per * n for n in SCALES}}
 
 
@@ -117,29 +124,39 @@ def main(argv=None) -> dict:
     split = encode_split(model, dataset)
     keys = ("text_to_image_R@1", "text_to_image_R@5", "image_to_text_R@1", "image_to_text_R@5")
     exact = retrieval_metrics(exact_scores(model, split.texts, split.images, "geometric"), split.text_to_image)
-    rows, galleries = {}, {}
+    S = (model.cfg.image_size // model.cfg.patch_size) ** 2
+    variants = [(c, None) for c in args.codecs] + [(c, n) for n in args.keep_patches for c in args.codecs]
+    sample = None
+    if args.keep_patches:  # sample captions from another split than the one evaluated
+        val = build_dataset(args.data, "val", image_size=model.cfg.image_size, size=args.prune_queries)
+        sample = encode_split(model, val).texts[:args.prune_queries]
+    rows, galleries, kept = {}, {}, {}
     with tempfile.TemporaryDirectory(prefix="mmgeo-codecs-") as tmp:
-        for codec in args.codecs:
+        for codec, keep in variants:
+            name = codec if keep is None else f"{codec}, {keep}/{S} patches"
+            kept[name] = 1.0 if keep is None else keep / S
             t = time.perf_counter()
-            build_gallery_from_embedding(model, split.images, Path(tmp) / codec, index_type="flat", codec=codec)
+            build_gallery_from_embedding(model, split.images, Path(tmp) / name, index_type="flat", codec=codec,
+                                         keep_patches=keep, prune_queries=sample if keep else None)
             build_s = time.perf_counter() - t
-            galleries[codec] = g = Gallery(Path(tmp) / codec)
+            galleries[name] = g = Gallery(Path(tmp) / name)
             scores, _ = evaluate_split(model, split, args.k_prime, gallery=g)
             m = retrieval_metrics(scores, split.text_to_image, scores_i2t=scores)
-            rows[codec] = {"bytes_per_image": g.store["bytes_per_image"], "codebook_bytes": g.store["codebook_bytes"],
+            rows[name] = {"bytes_per_image": g.store["bytes_per_image"], "codebook_bytes": g.store["codebook_bytes"],
                            "rel_error": g.store.get("rel_error"), "build_s": round(build_s, 2),
                            **{k: m[k] for k in keys}, **{f"delta_{k}": m[k] - exact[k] for k in keys}}
-            print(f"[codecs] {codec}: {g.store['bytes_per_image']} B/image, text->image R@1 "
+            print(f"[codecs] {name}: {g.store['bytes_per_image']} B/image, text->image R@1 "
                   f"{pct(m['text_to_image_R@1'])} (exact {pct(exact['text_to_image_R@1'])})", flush=True)
         q = np.ascontiguousarray(split.texts.pooled.float().numpy())  # (N_t, d_g)
-        _, cand = galleries[args.codecs[0]].index.search(q[:args.latency_queries], args.k_prime)  # (n, K')
+        _, cand = galleries[next(iter(galleries))].index.search(q[:args.latency_queries], args.k_prime)  # (n, K')
         for codec, lat in latencies(model, galleries, split.texts, cand, args.latency_queries).items():
             rows[codec].update(lat)
         galleries.clear()  # close the memory maps before the folder goes
     fp16_bytes = rows["fp16"]["bytes_per_image"] if "fp16" in rows else None
     result = {"ckpt": str(args.ckpt), "data": args.data, "split": args.split, "images": len(split.images),
               "captions": len(split.texts), "k_prime": args.k_prime, "exact": {k: exact[k] for k in keys},
-              "codecs": rows, "projected": {c: projected(c) for c in args.codecs}, "model_for_projection": BIG_MODEL,
+              "codecs": rows, "projected": {n: projected(n.split(",")[0], kept[n]) for n in rows},
+              "model_for_projection": BIG_MODEL, "prune_queries": args.prune_queries if args.keep_patches else 0,
               "command": "python benchmarks/codecs.py " + " ".join(argv if argv is not None else sys.argv[1:])}
     text = markdown(result, fp16_bytes)
     (out / "codecs.json").write_text(json.dumps(result, indent=1))
@@ -165,8 +182,13 @@ def markdown(r: dict, fp16_bytes: int | None) -> str:
                      f"{pct(x['image_to_text_R@5'])} | {100 * x['delta_text_to_image_R@1']:+.1f} / "
                      f"{100 * x['delta_image_to_text_R@1']:+.1f} | {x['median_ms']:.2f} / {x['p99_ms']:.2f} | "
                      f"{x['build_s']:.1f} |")
-    lines += ["", f"Projected re-rank store at the `{r['model_for_projection']}` shapes (every patch real; codebooks "
-              "not included):", "", "| codec | bytes / image | 1M images | 100M images |", "|---|---:|---:|---:|"]
+    if r.get("prune_queries"):
+        lines += ["", f"Pruned rows keep each image's patches of most attention mass from the first "
+                  f"{r['prune_queries']} captions of the validation split (mmgeo.search.pruning); their bytes include "
+                  "the kept-patch bits."]
+    lines += ["", f"Projected re-rank store at the `{r['model_for_projection']}` shapes (every patch real; pruned rows "
+              "keep the same fraction of its patches; codebooks not included):", "",
+              "| codec | bytes / image | 1M images | 100M images |", "|---|---:|---:|---:|"]
     for c, p in r["projected"].items():
         lines.append(f"| {c} | {p['bytes_per_image']:,} | {human(p[str(SCALES[0])])} | {human(p[str(SCALES[1])])} |")
     return "\n".join(lines) + "\n"

@@ -2,7 +2,7 @@
 on.
 
     python benchmarks/load_search.py [--count 100000] [--clients 1 8 32] [--seconds 8] [--max-requests 3000]
-                                     [--client raw|httpx] [--codec fp16|sq8|pq8|...]
+                                     [--client raw|httpx] [--codec fp16|sq8|pq8|...] [--keep-patches N]
 
 Builds (once, cached under --workdir) a gallery of ``--count`` random vectors shaped like the default
 ``geo-tiny`` model's (global vectors in FAISS, keys/values memory-mapped, fp16 or ``--codec``'s codes; no images
@@ -31,9 +31,9 @@ sys.path.insert(0, str(ROOT))
 from mmgeo.search.codecs import CODECS  # noqa: E402 - after the path
 
 
-def prepare(workdir: Path, count: int, index_type: str, codec: str = "fp16") -> Path:
-    """Default geo-tiny checkpoint (random weights) + random gallery of ``count`` items with re-rank store ``codec``,
-    reused when present."""
+def prepare(workdir: Path, count: int, index_type: str, codec: str = "fp16", keep_patches: int | None = None) -> Path:
+    """Default geo-tiny checkpoint (random weights) + random gallery of ``count`` items with re-rank store ``codec``
+    (``keep_patches`` of each image's patches when given), reused when present."""
     import torch
 
     import mmgeo
@@ -41,7 +41,7 @@ def prepare(workdir: Path, count: int, index_type: str, codec: str = "fp16") -> 
     from mmgeo.search.build import build_random_gallery
 
     workdir.mkdir(parents=True, exist_ok=True)
-    suffix = "" if codec == "fp16" else f"-{codec}"
+    suffix = ("" if codec == "fp16" else f"-{codec}") + (f"-keep{keep_patches}" if keep_patches else "")
     ckpt, index = workdir / "geo-tiny.pt", workdir / f"index-{count}-{index_type}{suffix}"
     if not ckpt.is_file():
         torch.manual_seed(0)
@@ -55,7 +55,7 @@ def prepare(workdir: Path, count: int, index_type: str, codec: str = "fp16") -> 
     print(f"building a random {count:,}-item gallery ({index_type}, {codec} store) in {index} ...", flush=True)
     build_random_gallery(index, count, cfg.num_heads, (cfg.image_size // cfg.patch_size) ** 2, cfg.d_a, cfg.d_e,
                          cfg.d_global, index_type=index_type, model_path=str(ckpt.resolve()), model_sha256=sha,
-                         codec=codec)
+                         codec=codec, keep_patches=keep_patches)
     print(f"  built in {time.perf_counter() - t:.0f} s", flush=True)
     return index
 
@@ -173,6 +173,8 @@ def main(argv=None) -> int:
     p.add_argument("--count", type=int, default=100_000)
     p.add_argument("--index-type", default="auto", choices=["auto", "flat", "hnsw", "ivfpq"])
     p.add_argument("--codec", default="fp16", choices=list(CODECS), help="re-rank store codec of the gallery")
+    p.add_argument("--keep-patches", type=int, default=None, metavar="N",
+                   help="prune the gallery to N patches per image (by the attention of random sample queries)")
     p.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32])
     p.add_argument("--seconds", type=float, default=8.0, help="time limit per setting")
     p.add_argument("--max-requests", type=int, default=3000, help="request limit per setting")
@@ -183,7 +185,7 @@ def main(argv=None) -> int:
     p.add_argument("--json", default=None, help="also write the rows here")
     args = p.parse_args(argv)
 
-    index = prepare(Path(args.workdir), args.count, args.index_type, args.codec)
+    index = prepare(Path(args.workdir), args.count, args.index_type, args.codec, args.keep_patches)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     server = subprocess.Popen([sys.executable, "-m", "serve", "run", "--index", str(index), "--host", "127.0.0.1",
@@ -203,7 +205,8 @@ def main(argv=None) -> int:
                 raise SystemExit(f"server did not start (exit code {server.poll()})")
             time.sleep(0.3)
         health = httpx.get(url + "/health").json()
-        print(f"server up: {health['images']:,} images, index {health['index_type']}, {args.codec} re-rank store; "
+        print(f"server up: {health['images']:,} images, index {health['index_type']}, {args.codec} re-rank store"
+              f"{f' of {args.keep_patches} patches per image' if args.keep_patches else ''}; "
               f"{os.cpu_count()} CPU core(s) shared by server and clients ({args.client} client)", flush=True)
         texts = queries()
         print(f"{'rerank':>7} {'clients':>7} {'requests':>8} {'QPS':>8} {'p50 ms':>8} {'p99 ms':>8} {'p99.9 ms':>8} "

@@ -1,5 +1,5 @@
-"""Patch pruning measured before it is built: how much exact text->image R@1 survives when each image keeps only
-S' of its S patches (keys and values), chosen by three criteria side by side.
+"""Patch pruning's criteria side by side: how much exact text->image R@1 survives when each image keeps only S' of
+its S patches (keys and values), chosen by three criteria.
 
     python benchmarks/prune_patches.py --ckpt runs/synthetic/model.pt [--keep 27 18 12 9] [--queries 200]
                                        [--captions-per-image 1] [--json out.json]
@@ -7,15 +7,15 @@ S' of its S patches (keys and values), chosen by three criteria side by side.
 
 Criteria, per image:
 - attention mass: Σ over a sample of ``--queries`` captions of the *validation* split (never the evaluated ones)
-  and their real tokens, summed over heads, of the softmax weight each patch receives — what a gallery build
-  could compute from a sample of expected queries (a query log);
+  and their real tokens, summed over heads, of the softmax weight each patch receives — what
+  ``serve build --keep-patches`` ranks by (``mmgeo.search.pruning``), from a sample of expected queries;
 - key norm: mean over heads of |k_j| (needs no queries);
 - random (seed 0): the floor.
 A dropped patch is masked out (the score is then exactly that of a store without it). Scores are exact fp32
 (``mmgeo.retrieval.exact_scores``) of the first ``--captions-per-image`` captions of every image of the split
 against all its images. The bytes columns are what the re-rank store would keep per image (fp16 and ``rq8``,
-``mmgeo.search.codecs.bytes_per_image``, every kept patch real; pruning would also need each kept patch's grid
-index, one byte, for /explain's heatmaps — not counted). Prints a markdown table; --json writes the rows.
+``mmgeo.search.codecs.bytes_per_image``, every kept patch real; a pruned store also keeps ceil(S/8) bytes of
+kept-patch bits — not counted here). Prints a markdown table; --json writes the rows.
 """
 
 from __future__ import annotations
@@ -45,23 +45,6 @@ def parse(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def attention_mass(queries, images, chunk: int = 64):
-    """(N, S) softmax weight each patch of each image receives, summed over the queries' real tokens and heads,
-    ``chunk`` images at a time (weights of (chunk, t, S) exist at once). queries, images: ``Embedding``
-    (attn (n, H, T, d_a) / (N, H, S, d_a), masks)."""
-    import torch
-
-    H, d_a = images.attn.shape[1], images.attn.shape[-1]
-    q = torch.cat([queries.attn[i][:, queries.mask[i]] for i in range(len(queries))], dim=1) / d_a ** 0.5  # (H, t, d_a)
-    mass = torch.zeros(images.mask.shape)  # (N, S)
-    for a in range(0, len(mass), chunk):
-        keys, real = images.attn[a:a + chunk].float(), images.mask[a:a + chunk]  # (c, H, S, d_a), (c, S)
-        for h in range(H):
-            logits = torch.einsum("td,nsd->nts", q[h].float(), keys[:, h])  # (c, t, S)
-            mass[a:a + chunk] += logits.masked_fill(~real[:, None], float("-inf")).softmax(-1).sum(1)
-    return mass
-
-
 def main(argv=None) -> list[dict]:
     import torch
 
@@ -70,6 +53,7 @@ def main(argv=None) -> list[dict]:
     from mmgeo.models.embedding import Embedding
     from mmgeo.retrieval import encode_split, exact_scores
     from mmgeo.search.codecs import bytes_per_image
+    from mmgeo.search.pruning import attention_mass, query_tokens
 
     args = parse(argv)
     model = mmgeo.load_model(args.ckpt).eval()
@@ -90,7 +74,8 @@ def main(argv=None) -> list[dict]:
         val_rows = torch.linspace(0, len(val.texts) - 1, min(args.queries, len(val.texts))).long()
         N, H, S, d_a = images.attn.shape
         d_e = images.value.shape[-1]
-        criteria = {"attention mass": attention_mass(val.texts[val_rows], images),
+        sample = query_tokens(val.texts[val_rows])  # (H, t, d_a): what `serve build --keep-patches` ranks by
+        criteria = {"attention mass": attention_mass(sample, images.attn, images.mask),
                     "key norm": images.attn.norm(dim=-1).mean(1),  # (N, S)
                     "random": torch.rand(N, S, generator=torch.Generator().manual_seed(0))}
 

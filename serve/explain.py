@@ -25,8 +25,10 @@ def explain_png(model, gallery, image_id: int, text: str, image=None) -> bytes:
     tok = model.tokenize([text])
     emb = model.encode_text([text])
     q, q_mask = emb.attn[0].cpu(), emb.mask[0].cpu()  # (H, T, d_a), (T,)
-    k, k_mask = gallery.image_keys(image_id), gallery.image_mask(image_id)  # (H, L, d_a), (L,)
-    attn = token_attention(q, q_mask, k, k_mask)  # (T_real, L)
+    k, k_mask = gallery.image_keys(image_id), gallery.image_mask(image_id)  # (H, L, d_a), (L,): stored patches
+    kept = token_attention(q, q_mask, k, k_mask)  # (T_real, L)
+    attn = kept.new_zeros(kept.shape[0], gallery.model_record["num_patches"])  # (T_real, S): pruned patches get 0
+    attn[:, gallery.image_patches(image_id)] = kept
     words = model.tokenizer.convert_ids_to_tokens(tok["input_ids"][0][tok["attention_mask"][0].bool()].tolist())
     panels = [(w if w != "[CLS]" else "[CLS] (overview)", a) for w, a in zip(words, attn) if w not in ("[SEP]",)]
     panels = panels[:MAX_PANELS]

@@ -97,11 +97,15 @@ def test_codecs_benchmark_reports_every_codec_and_fills_its_section(tmp_path):
     doc = tmp_path / "doc.md"
     doc.write_text("before\n<!-- codecs:start -->\nold\n<!-- codecs:end -->\nafter\n")
     args = [sys.executable, "benchmarks/codecs.py", "--ckpt", str(ckpt), "--limit", "20", "--codecs", "fp16", "sq8",
-            "pq16", "--latency-queries", "3", "--k-prime", "8", "--out", str(tmp_path / "out"), "--report-to", str(doc)]
+            "pq16", "--latency-queries", "3", "--k-prime", "8", "--out", str(tmp_path / "out"), "--report-to", str(doc),
+            "--keep-patches", "14", "--prune-queries", "5"]  # 14 of 16 patches: 280 per head, enough to train pq16
     res = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
     data = json.loads((tmp_path / "out" / "codecs.json").read_text())
-    assert list(data["codecs"]) == ["fp16", "sq8", "pq16"] and data["images"] == 20 and data["k_prime"] == 8
+    pruned = [f"{c}, 14/16 patches" for c in ("fp16", "sq8", "pq16")]
+    assert list(data["codecs"]) == ["fp16", "sq8", "pq16", *pruned] and data["images"] == 20 and data["k_prime"] == 8
+    assert data["codecs"]["fp16, 14/16 patches"]["bytes_per_image"] == 2 * 14 * 32 * 2 + 14 + 2  # + 16 patch bits
+    assert data["projected"]["pq16, 14/16 patches"]["bytes_per_image"] == 8 * 172 * 8 + 25  # 172 of 196, + bits
     fp16 = data["codecs"]["fp16"]["bytes_per_image"]
     assert fp16 == 2 * 16 * 32 * 2 + 16  # H x S x (d_a + d_e) x 2 bytes + a bool mask
     assert data["codecs"]["pq16"]["bytes_per_image"] == 2 * 16 * 2 and data["codecs"]["pq16"]["codebook_bytes"] > 0
@@ -141,3 +145,31 @@ def test_prune_patches_reports_every_criterion(tmp_path):
         if r["keep"] == S:
             assert r["text_to_image_R@1"] == full["text_to_image_R@1"]
     assert "| 8 | attention mass |" in res.stdout
+
+
+def test_cpu_score_compares_two_checkouts_on_the_same_numbers(tmp_path):
+    """Toy sizes, this tree against itself (a checkout directory): both score the same inputs to the same sum,
+    which is the definition's (``pair_score_naive``) on those inputs; every timing is there, with its ratio."""
+    import argparse
+
+    import torch
+
+    from mmgeo.kernels.pair_score import pair_score_naive
+
+    out = tmp_path / "cpu.json"
+    args = [sys.executable, "benchmarks/cpu_score.py", "--captions", "12", "--images", "7", "--gallery", "40",
+            "--codec", "sq8", "--queries", "3", "--repeats", "1", "--compare", str(ROOT), "--json", str(out)]
+    res = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    data = json.loads(out.read_text())
+    (cur,), (ref,) = data["runs"]["current"], data["runs"]["ref"]
+    assert cur["checksum"] == ref["checksum"] and cur["exact_s"] > 0 and ref["exact_s"] > 0
+    assert set(cur["rerank_ms"]) == {"fp16", "sq8"} and min(cur["rerank_ms"].values()) > 0
+    assert "| exact scoring, 12 × 7 pairs, 2 threads (s) |" in res.stdout and "current / ref" in res.stdout
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from cpu_score import make_inputs
+
+    ns = argparse.Namespace(captions=12, images=7, tokens=[20, 41], gallery=40, codec="sq8")
+    d = torch.load(make_inputs(ns, tmp_path)["inputs"], weights_only=True)
+    want = pair_score_naive(d["q"], d["q_mask"], d["u"], d["k"], d["k_mask"], d["v"]).double().sum()
+    assert abs(cur["checksum"] - float(want)) < 1e-4

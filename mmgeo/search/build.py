@@ -18,6 +18,7 @@ from mmgeo.data.images import list_images, open_image
 from mmgeo.io import StagedDir, file_sha256
 from mmgeo.search.codecs import TRAIN_IMAGES, check_codec, fp16_store, write_coded_store
 from mmgeo.search.faiss_index import build_faiss, choose_index_type
+from mmgeo.search.pruning import check_pruning, prune_arrays
 from mmgeo.search.shards import write_sharded
 from mmgeo.search.store import FORMAT, SHARDS_DIR
 
@@ -118,18 +119,23 @@ def _write_global(tmp: Path, pooled: np.ndarray, index_type: str, shard_size: in
 
 
 def _commit(staging: StagedDir, model_rec: dict, meta: list[dict], kind: str, shards: dict | None,
-            skipped: list[dict], codec: str = "fp16", train_images: int = TRAIN_IMAGES) -> dict:
-    """Compress the fp16 arrays when ``codec`` says so, write meta and manifest into the staging dir (the global
-    index is there already) and commit."""
+            skipped: list[dict], codec: str = "fp16", train_images: int = TRAIN_IMAGES, prune: tuple | None = None
+            ) -> dict:
+    """Prune the fp16 arrays when ``prune`` = (sample queries, patches to keep) says so, compress them when
+    ``codec`` says so, write meta and manifest into the staging dir (the global index is there already), commit."""
     _check_paths_outside(meta, staging.target)
     r = model_rec
+    patches = prune_arrays(staging.tmp, prune[0], prune[1]) if prune else None
     if codec == "fp16":
-        store = fp16_store(r["num_heads"], r["num_patches"], r["d_a"], r["d_e"])
+        store = fp16_store(r["num_heads"], patches["kept"] if patches else r["num_patches"], r["d_a"], r["d_e"])
     else:
         store = write_coded_store(staging.tmp, codec, train_images)
+    if patches:  # which patches each image kept: counted in the store's bytes
+        store["patches"] = patches
+        store["bytes_per_image"] += patches["bytes_per_image"]
     check_out(staging.target)  # again: the target may have changed during the build
     (staging.tmp / "meta.json").write_text(json.dumps(meta))
-    version = 3 if codec != "fp16" else 2 if shards else 1
+    version = 4 if patches else 3 if codec != "fp16" else 2 if shards else 1
     manifest = {"format": FORMAT, "version": version, "model": model_rec, "count": len(meta),
                 "index_type": kind, "skipped": {"count": len(skipped), "files": skipped[:1000]},
                 "store": store}
@@ -159,7 +165,8 @@ def _row_blocks(arr, n: int, row_bytes: int):
 def build_gallery(model, items: Iterable[tuple[str, object]], total: int, out: str | os.PathLike,
                   ckpt: str | os.PathLike | None = None, index_type: str = "auto", batch_size: int = 64,
                   progress: bool = True, fail_after_encode: bool = False, shard_size: int | None = 100_000,
-                  codec: str = "fp16", train_images: int = TRAIN_IMAGES) -> dict:
+                  codec: str = "fp16", train_images: int = TRAIN_IMAGES, keep_patches: int | None = None,
+                  prune_queries=None) -> dict:
     """Encode images into an index directory at ``out``; -> the manifest.
 
     ``items`` yields ``(path, image_or_loader)`` where the second is a PIL image or a zero-argument
@@ -167,7 +174,9 @@ def build_gallery(model, items: Iterable[tuple[str, object]], total: int, out: s
     images) saves the image as ``images/<id>.png`` inside the index. ``total`` bounds the count. Over
     ``shard_size`` images the global index is sharded (``None``: never). ``codec`` (``mmgeo.search.codecs``)
     chooses how keys/values are stored: fp16, or codes of quantizers trained on ``train_images`` of them.
-    ``fail_after_encode`` raises after encoding, before the commit (for tests of interrupted builds).
+    ``keep_patches``: store only that many patches per image, those the encoded sample captions ``prune_queries``
+    (an ``Embedding``) attend to most (``mmgeo.search.pruning``). ``fail_after_encode`` raises after encoding,
+    before the commit (for tests of interrupted builds).
     Refuses (``check_out``) an ``out`` that is not absent, empty or an index, or that is, is inside or contains
     ``items.folder`` (``folder_items``) or any indexed image.
     """
@@ -176,7 +185,8 @@ def build_gallery(model, items: Iterable[tuple[str, object]], total: int, out: s
     _geometric(model)
     check_out(out, getattr(items, "folder", None))
     rec = _model_record(model, ckpt)
-    check_codec(codec, rec, train_images, total)
+    check_pruning(keep_patches, prune_queries, rec["num_patches"])
+    check_codec(codec, {**rec, "num_patches": keep_patches or rec["num_patches"]}, train_images, total)
     H, L = rec["num_heads"], rec["num_patches"]
     staging = StagedDir.next_to(Path(out))
     try:
@@ -233,7 +243,8 @@ def build_gallery(model, items: Iterable[tuple[str, object]], total: int, out: s
             p.unlink()
         if fail_after_encode:
             raise RuntimeError("injected failure after encoding (test hook)")
-        return _commit(staging, rec, meta, kind, shards, skipped, codec, train_images)
+        return _commit(staging, rec, meta, kind, shards, skipped, codec, train_images,
+                       (prune_queries, keep_patches) if keep_patches else None)
     except BaseException:
         staging.discard()
         raise
@@ -241,14 +252,17 @@ def build_gallery(model, items: Iterable[tuple[str, object]], total: int, out: s
 
 def build_gallery_from_embedding(model, images, out: str | os.PathLike, ckpt: str | os.PathLike | None = None,
                                  index_type: str = "auto", shard_size: int | None = None, codec: str = "fp16",
-                                 train_images: int = TRAIN_IMAGES) -> dict:
+                                 train_images: int = TRAIN_IMAGES, keep_patches: int | None = None,
+                                 prune_queries=None) -> dict:
     """An index directory of already encoded images (an ``Embedding``, id i = row i), stored exactly as
-    ``build_gallery`` stores them (fp16 keys/values, or ``codec``'s codes); no image files (``encoded/<id>``)."""
+    ``build_gallery`` stores them (fp16 keys/values or ``codec``'s codes, all patches or ``keep_patches`` chosen by
+    ``prune_queries``); no image files (``encoded/<id>``)."""
     _geometric(model)
     check_out(out)
     rec = _model_record(model, ckpt)
     n = len(images)
-    check_codec(codec, rec, train_images, n)
+    check_pruning(keep_patches, prune_queries, rec["num_patches"])
+    check_codec(codec, {**rec, "num_patches": keep_patches or rec["num_patches"]}, train_images, n)
     staging = StagedDir.next_to(Path(out))
     try:
         for name, x, dtype in (("keys", images.attn, np.float16), ("values", images.value, np.float16),
@@ -257,7 +271,8 @@ def build_gallery_from_embedding(model, images, out: str | os.PathLike, ckpt: st
             _save_rows(staging.tmp / f"{name}.npy", tuple(x.shape), dtype, blocks)
         meta = [{"id": i, "path": f"encoded/{i}", "width": 0, "height": 0} for i in range(n)]
         kind, shards = _write_global(staging.tmp, images.pooled.float().cpu().numpy(), index_type, shard_size)
-        return _commit(staging, rec, meta, kind, shards, [], codec, train_images)
+        return _commit(staging, rec, meta, kind, shards, [], codec, train_images,
+                       (prune_queries, keep_patches) if keep_patches else None)
     except BaseException:
         staging.discard()
         raise
@@ -275,10 +290,22 @@ def build_random_gallery(out: str | os.PathLike, count: int, num_heads: int, num
                          d_global: int, index_type: str = "auto", seed: int = 0, chunk: int = 10_000,
                          model_path: str | None = None, model_sha256: str | None = None,
                          shard_size: int | None = 100_000, codec: str = "fp16",
-                         train_images: int = TRAIN_IMAGES) -> dict:
-    """A gallery of random unit vectors (no images, no encoding) — for load tests of large indexes."""
+                         train_images: int = TRAIN_IMAGES, keep_patches: int | None = None) -> dict:
+    """A gallery of random unit vectors (no images, no encoding) — for load tests of large indexes. ``keep_patches``
+    prunes it by the attention of 64 random sample queries of 16 tokens (the store's shapes and files, not a
+    meaningful choice of patches)."""
     check_out(out)
-    check_codec(codec, {"d_a": d_a, "d_e": d_e, "num_patches": num_patches}, train_images, count)
+    queries = None
+    if keep_patches is not None:
+        import torch
+
+        from mmgeo.models.embedding import Embedding
+
+        g = torch.Generator().manual_seed(seed)
+        queries = Embedding(torch.zeros(64, d_global), torch.randn(64, num_heads, 16, d_a, generator=g),
+                            torch.zeros(64, num_heads, 16, d_e), torch.ones(64, 16, dtype=torch.bool))
+    check_pruning(keep_patches, queries, num_patches)
+    check_codec(codec, {"d_a": d_a, "d_e": d_e, "num_patches": keep_patches or num_patches}, train_images, count)
     rng = np.random.default_rng(seed)
 
     def blocks(shape, unit):
@@ -298,7 +325,8 @@ def build_random_gallery(out: str | os.PathLike, count: int, num_heads: int, num
         rec = {"path": model_path, "sha256": model_sha256, "num_heads": num_heads, "d_a": d_a, "d_e": d_e,
                "d_global": d_global, "num_patches": num_patches, "image_size": None}
         kind, shards = _write_global(staging.tmp, pooled, index_type, shard_size)
-        return _commit(staging, rec, meta, kind, shards, [], codec, train_images)
+        return _commit(staging, rec, meta, kind, shards, [], codec, train_images,
+                       (queries, keep_patches) if keep_patches else None)
     except BaseException:
         staging.discard()
         raise

@@ -17,6 +17,10 @@ bits; absent when every patch is real) and ``codebooks/{keys,values}.<head>.fais
 record names the codec, ``bytes_per_image``, ``codebook_bytes`` and each codebook's size and SHA-256, all checked on
 load. Every store is read through ``Gallery.candidate_blocks``.
 
+A pruned store (v4, ``serve build --keep-patches``; ``mmgeo.search.pruning``) keeps L < S patches per image: the
+arrays or codes above hold those L, in grid order, and ``patches.bits.npy`` (N, ceil(S / 8)) uint8 says which they
+are; the ``store`` record's ``patches`` names the count, the criterion and the sample it was measured on.
+
 Builds are atomic (``mmgeo.io.StagedDir``): everything is written into a temp directory next to the target,
 which replaces the target only once complete, so an interrupted build never leaves a half index that loads; a
 missing index that a killed build left at ``.NAME.old-*`` is renamed back before loading (``mmgeo.io``).
@@ -45,11 +49,12 @@ from mmgeo.search.codecs import (
     load_quantizers,
     unpack_mask,
 )
+from mmgeo.search.pruning import PATCHES_FILE, unpack_patches
 from mmgeo.search.shards import ShardedIndex, ShardsError
 
 FORMAT = "mmgeo-gallery"
-VERSIONS = (1, 2, 3)  # v2 = v1 + a sharded global index; v3 = a compressed re-rank store. An fp16 store is still
-#                       written as v1 / v2, so older mmgeo reads it
+VERSIONS = (1, 2, 3, 4)  # v2 = v1 + a sharded global index; v3 = a compressed re-rank store; v4 = a pruned one
+#                          (fewer patches per image). An fp16 store is still written as v1 / v2, so older mmgeo reads it
 META_FILES = ("manifest.json", "meta.json")  # + the store's files (store_files) + global.faiss or global.shards/
 FP16_FILES = ("keys.npy", "values.npy", "mask.npy")
 BLOCK_BYTES = 8 << 20  # fp32 keys + values decoded at a time (candidate_blocks): 5 geo-vitb16-bert candidates
@@ -64,9 +69,11 @@ class GalleryError(ValueError):
 
 def store_files(store: dict) -> list[str]:
     """The files of a manifest's re-rank ``store`` record (codebooks are listed in the record itself)."""
+    pruned = [PATCHES_FILE] if store.get("patches") else []
     if store["codec"] == "fp16":
-        return list(FP16_FILES)
-    return [CODES_FILE.format(role=role) for role in ROLES] + ([MASK_BITS_FILE] if store["mask"] == "packed" else [])
+        return [*FP16_FILES, *pruned]
+    return [CODES_FILE.format(role=role) for role in ROLES] + ([MASK_BITS_FILE] if store["mask"] == "packed" else []) \
+        + pruned
 
 
 class Gallery:
@@ -99,6 +106,8 @@ class Gallery:
         if self.codec not in CODECS or (self.codec != "fp16" and ver < 3):
             raise GalleryError(f"{mpath} v{ver} names re-rank store codec {self.codec!r}; this mmgeo reads "
                                f"{', '.join(CODECS)} (compressed ones in v3) — {REBUILD}")
+        if self.store.get("patches") and ver < 4:
+            raise GalleryError(f"{mpath} v{ver} records a pruned re-rank store (a v4 feature); {REBUILD}")
         files = [*META_FILES, *store_files(self.store)]
         missing = [f for f in files if not (self.root / f).is_file()]
         if not shards and not (self.root / "global.faiss").is_file():
@@ -107,7 +116,8 @@ class Gallery:
             raise GalleryError(f"index {self.root} is missing {missing}; {REBUILD}")
         self.model_record = r = self.manifest["model"]
         self.count = int(self.manifest["count"])
-        H, L = r["num_heads"], r["num_patches"]
+        H, S = r["num_heads"], r["num_patches"]
+        self.num_patches = L = int(self.store["patches"]["kept"]) if self.store.get("patches") else S  # stored
         if "bytes_per_image" not in self.store:  # an index from before the store record: fp16
             self.store = fp16_store(H, L, r["d_a"], r["d_e"])
         self.dims = {"keys": r["d_a"], "values": r["d_e"]}
@@ -133,6 +143,10 @@ class Gallery:
                       for role in ROLES}
             if self.mask_bits is not None:
                 arrays[MASK_BITS_FILE], expect[MASK_BITS_FILE] = self.mask_bits, (self.count, -(-L // 8))
+        self.patch_bits = None  # (N, ceil(S / 8)) uint8: which grid patches a pruned store kept
+        if L != S:
+            self.patch_bits = arrays[PATCHES_FILE] = np.load(self.root / PATCHES_FILE, mmap_mode="r")
+            expect[PATCHES_FILE] = (self.count, -(-S // 8))
         for name, shape in expect.items():
             if tuple(arrays[name].shape) != shape:
                 raise GalleryError(f"{name} has shape {tuple(arrays[name].shape)}, manifest says {shape}; "
@@ -173,7 +187,7 @@ class Gallery:
         if len(images) != self.count:
             raise GalleryError(f"the index holds {self.count} images, the encoded set {len(images)}")
         for i in np.unique(np.linspace(0, self.count - 1, min(sample, self.count)).round().astype(int)):
-            want = images.attn[i].float().cpu()  # (H, L, d_a)
+            want = images.attn[i].float().cpu()[:, self.image_patches(int(i))]  # (H, L, d_a): the stored patches
             err = float((self.image_keys(int(i)) - want).norm() / want.norm())
             if not err <= rtol:
                 raise GalleryError(f"image {i} of the index is not image {i} of the encoded set (relative key "
@@ -183,8 +197,19 @@ class Gallery:
         p = Path(self.meta[image_id]["path"])
         return p if p.is_absolute() else self.root / p
 
+    def image_patches(self, image_id: int) -> torch.Tensor:
+        """(L,) int64 grid positions (0..S-1) of one image's stored patches: all S, or those a pruned store kept."""
+        S = self.model_record["num_patches"]
+        if self.patch_bits is None:
+            return torch.arange(S)
+        idx = unpack_patches(self.patch_bits[image_id], S)
+        if len(idx) != self.num_patches:
+            raise GalleryError(f"{PATCHES_FILE} marks {len(idx)} patches of image {image_id}, the manifest says "
+                               f"{self.num_patches}; the index is damaged — {REBUILD}")
+        return torch.from_numpy(idx)
+
     def image_keys(self, image_id: int) -> torch.Tensor:
-        """(H, L, d_a) float32 keys of one image (decoded when the store is compressed)."""
+        """(H, L, d_a) float32 keys of one image's stored patches (decoded when the store is compressed)."""
         if self.codec == "fp16":
             return torch.from_numpy(np.array(self.keys[image_id], np.float32))
         return self._decode("keys", self.codes["keys"][[image_id]])[:, 0]
@@ -197,7 +222,7 @@ class Gallery:
         """(K, L) bool mask of the given ids, whatever the store keeps (bools, packed bits, or nothing: all real)."""
         if self.codec == "fp16":
             return torch.from_numpy(self.mask[rows])
-        L = self.model_record["num_patches"]
+        L = self.num_patches
         if self.mask_bits is None:  # every patch of every image is real
             return torch.ones(len(rows), L, dtype=torch.bool)
         return torch.from_numpy(unpack_mask(self.mask_bits[rows], L))
@@ -217,7 +242,7 @@ class Gallery:
         """Candidates per block: ``BLOCK_IMAGES``, fewer when their ``width`` fp32 numbers per head and patch
         (default d_a + d_e: decoded keys and values) would pass ``BLOCK_BYTES``."""
         r = self.model_record
-        per_image = 4 * r["num_heads"] * r["num_patches"] * (width or r["d_a"] + r["d_e"])
+        per_image = 4 * r["num_heads"] * self.num_patches * (width or r["d_a"] + r["d_e"])
         return max(1, min(BLOCK_IMAGES, BLOCK_BYTES // per_image))
 
     def code_blocks(self, ids, block: int):

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from mmgeo.kernels import attention_scale, candidate_scores
-from mmgeo.kernels.pair_score import SAFE_LOGIT
+from mmgeo.kernels.pair_score import LOG2E, SAFE_LOGIT
 from mmgeo.search.build import build_gallery_from_embedding
 from mmgeo.search.store import Gallery
 
@@ -41,7 +41,8 @@ def table_scores(lut_k: torch.Tensor, lut_v: torch.Tensor, key_rows: torch.Tenso
     """``candidate_scores`` (Σ_j a_tj <u_t, v_j>, summed over heads: (n, K)) of keys and values that are sums of
     codewords, straight from their codes (``mmgeo.search.codecs.Codewords``), without decoding them.
 
-    lut_k (H·M_k·256, n): every key codeword's dot product with each scaled q_t; lut_v (H·M_v·256, n): with
+    lut_k (H·M_k·256, n): every key codeword's dot product with each q_t scaled by scale·log2(e) (base-2 logits,
+    as ``candidate_scores``: its weights are 2^logit, exp2 being torch's fast one on CPU); lut_v (H·M_v·256, n): with
     each u_t; key_rows (H, K, S, M_k), value_rows (H, K, S, M_v): the codes as rows of those tables; mask (K, S).
     A logit <q_t, k_j> is the sum of its M_k table entries (one ``embedding_bag``), so the work per candidate
     is M gathers of n numbers per patch instead of decoding d numbers and a d-long dot product per token.
@@ -55,7 +56,7 @@ def table_scores(lut_k: torch.Tensor, lut_v: torch.Tensor, key_rows: torch.Tenso
         logits.masked_fill_(~mask[None, :, :, None], float("-inf"))
     if shift:
         logits -= logits.amax(2, keepdim=True)
-    weights = logits.exp_()  # (H, K, S, n)
+    weights = logits.exp2_()  # (H, K, S, n)
     return ((weights * uv).sum(2) / weights.sum(2)).sum(0).T  # (n, K)
 
 
@@ -69,7 +70,7 @@ def rerank_candidates(q: torch.Tensor, q_mask: torch.Tensor, u: torch.Tensor, ga
         return torch.cat([rerank_scores(q, q_mask, u, *kv) for kv in gallery.candidate_blocks(ids, block)])
     q, u = q[:, q_mask].float(), u[:, q_mask].float()  # (H, n, d) real tokens only
     H, n, d_a = q.shape
-    q = q * attention_scale(d_a)
+    q = q * (attention_scale(d_a) * LOG2E)  # base-2 logits (``table_scores``)
     keys = gallery.codewords["keys"]
     lut_k = keys.lut(q)  # (H·M_k·256, n)
     lut_v = gallery.codewords["values"].lut(u)  # (H·M_v·256, n)

@@ -152,6 +152,7 @@ def test_blocks_bound_the_decoded_candidates(galleries, monkeypatch):
     sizes = [k.shape[1] for k, _, _ in g.candidate_blocks(np.arange(100))]
     assert sizes == [7] * 14 + [2]
     g.model_record = {**g.model_record, "num_heads": 8, "num_patches": 196, "d_a": 128, "d_e": 128}
+    g.num_patches = 196  # the patches stored per image (all of them: not pruned)
     monkeypatch.setattr("mmgeo.search.store.BLOCK_IMAGES", 256)
     assert g.block_size() == 5  # geo-vitb16-bert: 1.6 MB of fp32 keys + values a candidate, 8 MB a block
 

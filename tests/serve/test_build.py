@@ -136,3 +136,33 @@ def test_rebuild_replaces_the_index_and_removes_the_old_one(serve_env, tmp_path)
     g = Gallery(target)
     assert len(g) == 5 and not (target / "images").exists(), "nothing of the old index is left in the new one"
     assert os.listdir(tmp_path) == ["live"], "the old index and every temp file are removed"
+
+
+def test_cli_prunes_patches_by_sample_captions_and_serves_the_result(serve_env, tmp_path, capsys):
+    from fastapi.testclient import TestClient
+
+    from serve.app import create_app
+    from serve.cli import main
+
+    S = (serve_env.model.cfg.image_size // serve_env.model.cfg.patch_size) ** 2
+    queries = tmp_path / "queries.txt"
+    queries.write_text("a big red circle\n\n  a small blue square on the left  \n")
+    common = ["build", "--ckpt", str(serve_env.ckpt), "--data", "synthetic", "--limit", "12", "--no-progress"]
+    assert main([*common, "--out", str(tmp_path / "p"), "--keep-patches", str(S // 2),
+                 "--prune-queries", str(queries)]) == 0
+    assert f"pruned: {S // 2} of {S} patches per image kept, by the attention mass of 2 sample caption(s)" \
+        in capsys.readouterr().out
+    g = Gallery(tmp_path / "p")
+    assert g.num_patches == S // 2 and g.manifest["version"] == 4
+    with TestClient(create_app(g.root)) as c:
+        assert len(c.post("/search", json={"text": "a big red circle", "k": 5}).json()["results"]) == 5
+        assert c.get("/explain", params={"id": 3, "text": "a red circle"}).headers["content-type"] == "image/png"
+    for extra, msg in [(["--keep-patches", "2"], "go together"), (["--prune-queries", str(queries)], "go together"),
+                       (["--keep-patches", "2", "--prune-queries", str(tmp_path / "none.txt")], "no such file"),
+                       (["--keep-patches", str(S), "--prune-queries", str(queries)], f"between 1 and {S - 1}")]:
+        assert main([*common, "--out", str(tmp_path / "q"), *extra]) == 2
+        assert msg in capsys.readouterr().err
+    (tmp_path / "blank.txt").write_text("\n  \n")
+    assert main([*common, "--out", str(tmp_path / "q"), "--keep-patches", "2", "--prune-queries",
+                 str(tmp_path / "blank.txt")]) == 2
+    assert "holds no caption" in capsys.readouterr().err and not (tmp_path / "q").exists()
