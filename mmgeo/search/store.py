@@ -117,7 +117,7 @@ class Gallery:
         self.model_record = r = self.manifest["model"]
         self.count = int(self.manifest["count"])
         H, S = r["num_heads"], r["num_patches"]
-        self.num_patches = L = int(self.store["patches"]["kept"]) if self.store.get("patches") else S  # stored
+        self.num_patches = L = self._stored_patches(S)
         if "bytes_per_image" not in self.store:  # an index from before the store record: fp16
             self.store = fp16_store(H, L, r["d_a"], r["d_e"])
         self.dims = {"keys": r["d_a"], "values": r["d_e"]}
@@ -165,6 +165,17 @@ class Gallery:
 
     def __len__(self) -> int:
         return self.count
+
+    def _stored_patches(self, S: int) -> int:
+        """Patches stored per image: S, or the count a pruned store's record gives (checked)."""
+        rec = self.store.get("patches")
+        if not rec:
+            return S
+        kept = rec.get("kept") if isinstance(rec, dict) else None
+        if isinstance(kept, bool) or not isinstance(kept, int) or not 1 <= kept < S or rec.get("of") != S:
+            raise GalleryError(f"manifest.json of {self.root}: the pruned store record {rec!r} does not fit the "
+                               f"model's {S} patches; the index is damaged — {REBUILD}")
+        return kept
 
     def check_model(self, model, ckpt: str | os.PathLike | None = None) -> None:
         """Raise GalleryError unless ``model`` (and its checkpoint file) is the one the index was built with."""

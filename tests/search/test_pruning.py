@@ -122,3 +122,7 @@ def test_damaged_or_missing_patch_bits_and_an_old_version_are_refused(pruned, tm
     (bad / "manifest.json").write_text(json.dumps({**man, "version": 3}))
     with pytest.raises(GalleryError, match="pruned re-rank store"):
         Gallery(bad)
+    for rec in ({"kept": L}, {**man["store"]["patches"], "of": 36}, {"of": L}, "six"):
+        (bad / "manifest.json").write_text(json.dumps({**man, "store": {**man["store"], "patches": rec}}))
+        with pytest.raises(GalleryError, match="does not fit the model's 16 patches"):
+            Gallery(bad)
