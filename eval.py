@@ -1,7 +1,8 @@
 """Benchmark a trained model with CLIP_benchmark's retrieval protocol (docs/design.md §6).
 
     python eval.py --ckpt runs/synthetic/model.pt --data synthetic --split test --out results.json \
-        [--mode exact|two-stage] [--k-prime 100] [--index-type flat|hnsw|ivfpq|auto]
+        [--mode exact|two-stage] [--k-prime 100] [--index-type flat|hnsw|ivfpq|auto] [--codec C]
+        [--keep-patches N --prune-queries FILE]                     # two-stage over a temporary gallery
     python eval.py --index INDEX_DIR --data synthetic --split test       # a gallery from `python -m serve build`
     python eval.py --model openclip:ViT-B-32/laion2b_s34b_b79k --data flickr30k --data-root data/flickr30k
     python eval.py --ckpt runs/flickr30k_geo/model.pt --data flickr30k --data-root data/flickr30k [--data-format hf]
@@ -170,8 +171,14 @@ def evaluate(args) -> dict:
         from mmgeo.search.two_stage import evaluate_split
 
         try:  # the service's search code over --index, or over a temporary gallery of the split's images
+            sample = None
+            if args.keep_patches:  # the sample captions that choose each image's patches
+                from mmgeo.search.pruning import read_captions
+
+                sample = model.encode_text(read_captions(args.prune_queries))
             t2i, record = evaluate_split(model, split, args.k_prime, args.index_type or "flat",
-                                         gallery, codec=args.codec or "fp16")
+                                         gallery, codec=args.codec or "fp16", keep_patches=args.keep_patches,
+                                         prune_queries=sample)
         except GalleryError as err:
             where = f"index {gallery.root} was not built from this split: " if gallery is not None else ""
             raise SystemExit(f"{where}{err}") from err
@@ -234,6 +241,11 @@ def main(argv: list[str] | None = None) -> dict:
                    help="two-stage: FAISS index of the temporary gallery of the split's images (default flat)")
     p.add_argument("--codec", default=None, choices=list(CODECS),
                    help="two-stage: re-rank store codec of the temporary gallery (default fp16; docs/serve.md)")
+    p.add_argument("--keep-patches", type=int, default=None, metavar="N",
+                   help="two-stage: the temporary gallery keeps N patches per image, those the --prune-queries "
+                        "attend to most (docs/serve.md, patch pruning)")
+    p.add_argument("--prune-queries", default=None, metavar="FILE",
+                   help="two-stage: sample captions for --keep-patches, one per line (not the evaluated split's)")
     p.add_argument("--index", default=None, help="two-stage over a gallery from `python -m serve build` (built from "
                    "this split, same order); the model is --ckpt or the checkpoint its manifest names")
     p.add_argument("--seed", type=int, default=0, help="synthetic data seed")
@@ -253,9 +265,22 @@ def main(argv: list[str] | None = None) -> dict:
         p.error("--index-type applies to the temporary gallery; an --index gallery has its own type")
     if args.index and args.codec:
         p.error("--codec applies to the temporary gallery; an --index gallery has its own codec")
-    for flag, given in (("--index-type", args.index_type), ("--codec", args.codec)):
+    if args.index and args.keep_patches:
+        p.error("--keep-patches applies to the temporary gallery; an --index gallery keeps what it was built with")
+    if (args.keep_patches is None) != (args.prune_queries is None):
+        p.error("--keep-patches N and --prune-queries FILE go together: the patches kept are those the sample "
+                "captions attend to most")
+    for flag, given in (("--index-type", args.index_type), ("--codec", args.codec),
+                        ("--keep-patches", args.keep_patches)):
         if given and args.mode != "two-stage":
             p.error(f"{flag} applies to --mode two-stage")
+    if args.prune_queries:
+        from mmgeo.search.pruning import read_captions
+
+        try:
+            read_captions(args.prune_queries)  # refused before any model is loaded
+        except (FileNotFoundError, ValueError) as err:
+            p.error(str(err))
     if args.index and args.suite == "compositional":
         p.error("--index is for retrieval (--suite retrieval or all), not the compositional suite")
     result = evaluate(args)

@@ -59,11 +59,12 @@ def parse(argv=None) -> argparse.Namespace:
 def build(args) -> int:
     import mmgeo
     from mmgeo.search.build import build_gallery, check_out, folder_items
+    from mmgeo.search.pruning import read_captions
 
     if args.shard_size < 1:
         raise ValueError(f"--shard-size must be at least 1, got {args.shard_size}")
     check_out(args.out, args.images)  # before loading the model; build_gallery checks again
-    captions = read_queries(args.prune_queries) if args.prune_queries else None
+    captions = read_captions(args.prune_queries) if args.prune_queries else None
     if (args.keep_patches is None) != (captions is None):
         raise ValueError("--keep-patches N and --prune-queries FILE go together: the patches kept are those the "
                          "sample captions attend to most")
@@ -99,21 +100,6 @@ def build(args) -> int:
               f"{p['queries']} sample caption(s)")
     return 0
 
-
-def read_queries(path) -> list[str]:
-    """Sample captions for patch pruning: the non-blank lines of a UTF-8 text file."""
-    from pathlib import Path
-
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise FileNotFoundError(f"--prune-queries {path}: no such file (one sample caption per line)") from None
-    except UnicodeDecodeError as err:
-        raise ValueError(f"--prune-queries {path} is not UTF-8 text ({err}); give one caption per line") from None
-    captions = [line.strip() for line in text.splitlines() if line.strip()]
-    if not captions:
-        raise ValueError(f"--prune-queries {path} holds no caption: give one sample caption per line")
-    return captions
 
 
 SETTINGS_ENV = "MMGEO_SERVE_SETTINGS"

@@ -91,6 +91,20 @@ def unpack_patches(bits: np.ndarray, num_patches: int) -> np.ndarray:
     return np.flatnonzero(np.unpackbits(bits, count=num_patches)).astype(np.int64)
 
 
+def read_captions(path, flag: str = "--prune-queries") -> list[str]:
+    """Sample captions for patch pruning: the non-blank lines of a UTF-8 text file (``flag`` names it in errors)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{flag} {path}: no such file (one sample caption per line)") from None
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{flag} {path} is not UTF-8 text ({err}); give one caption per line") from None
+    captions = [line.strip() for line in text.splitlines() if line.strip()]
+    if not captions:
+        raise ValueError(f"{flag} {path} holds no caption: give one sample caption per line")
+    return captions
+
+
 def check_pruning(keep: int | None, queries, num_patches: int) -> None:
     """Refuse (ValueError), before anything is encoded, a ``keep`` outside 1..S-1 or one without sample queries."""
     if keep is None:

@@ -157,10 +157,12 @@ def rank_captions(model, gallery: Gallery, texts, k_prime: int = 100, batch_size
 
 @torch.inference_mode()
 def evaluate_split(model, split, k_prime: int = 100, index_type: str = "flat", gallery: Gallery | None = None,
-                   progress: bool = True, codec: str = "fp16") -> tuple[torch.Tensor, dict]:
+                   progress: bool = True, codec: str = "fp16", keep_patches: int | None = None,
+                   prune_queries=None) -> tuple[torch.Tensor, dict]:
     """Two-stage evaluation of an encoded split (``mmgeo.retrieval.EncodedSplit``) by the service's search over
     ``gallery`` (built from the split's images in the split's order: checked, GalleryError if not), or over a
-    temporary gallery of the split's encoded images with ``index_type``.
+    temporary gallery of the split's encoded images with ``index_type``, ``codec`` and ``keep_patches`` chosen by
+    the encoded sample captions ``prune_queries`` (``mmgeo.search.pruning``).
 
     -> ((N_text, N_image) scores whose order is the two-stage ranking (``CaptionRanking.score_matrix``), used
     for both directions; the JSON record: "two_stage" (index, index_type, k_prime), "first_stage" (recalls),
@@ -174,12 +176,14 @@ def evaluate_split(model, split, k_prime: int = 100, index_type: str = "flat", g
     else:
         with tempfile.TemporaryDirectory(prefix="mmgeo-eval-") as tmp:
             build_gallery_from_embedding(model, split.images, Path(tmp) / "index", index_type=index_type,
-                                         codec=codec)
+                                         codec=codec, keep_patches=keep_patches, prune_queries=prune_queries)
             temp = Gallery(Path(tmp) / "index")
             ranking = rank_captions(model, temp, split.texts, k_prime, progress=progress)
             where, kind, store = None, temp.manifest["index_type"], temp.store
             del temp  # its memory maps, before the directory goes
     what = "fp16 keys/values" if store["codec"] == "fp16" else f"keys/values (decoded from {store['codec']} codes)"
+    if store.get("patches"):
+        what += f" of {store['patches']['kept']} of {store['patches']['of']} patches an image"
     measured = {
         "text_to_image": f"two-stage by the service's search (mmgeo.search.two_stage.search_texts): FAISS ({kind}) "
                          f"top-{k_prime} by global score, re-ranked by the geometric score of the stored {what}; "

@@ -165,3 +165,31 @@ def test_index_errors_name_the_problem(gallery_env, built, tmp_path):
         with pytest.raises(SystemExit) as err:
             eval_app.main(["--index", str(built / "flat"), *bad])
         assert err.value.code == 2
+
+
+def test_two_stage_over_a_pruned_temporary_gallery(gallery_env, tmp_path, capsys):
+    """--keep-patches with sample captions prunes the temporary gallery: the record says so, and the flags are
+    refused alone, with --index, outside two-stage, or with a file of no captions."""
+    S = (gallery_env.model.cfg.image_size // gallery_env.model.cfg.patch_size) ** 2
+    sample = tmp_path / "sample.txt"
+    sample.write_text("a big red circle\na small blue square on the left\n")
+    out = tmp_path / "r.json"
+    eval_app.main(["--ckpt", str(gallery_env.ckpt), "--split", "test", "--limit", str(N), "--mode", "two-stage",
+                   "--k-prime", str(K_PRIME), "--keep-patches", str(S // 2), "--prune-queries", str(sample),
+                   "--out", str(out)])
+    result = json.loads(out.read_text())
+    assert result["two_stage"]["store"]["patches"] == {"kept": S // 2, "of": S, "criterion": "attention mass",
+                                                       "queries": 2, "bytes_per_image": -(-S // 8)}
+    assert f"of {S // 2} of {S} patches an image" in result["measured"]["text_to_image"]
+    assert 0 <= result["metrics"]["text_to_image_R@1"] <= 1
+    (tmp_path / "blank.txt").write_text("\n")
+    common = ["--ckpt", str(gallery_env.ckpt), "--split", "test", "--limit", str(N)]
+    for extra, msg in [(["--mode", "two-stage", "--keep-patches", "2"], "go together"),
+                       (["--keep-patches", "2", "--prune-queries", str(sample)], "applies to --mode two-stage"),
+                       (["--index", str(gallery_env.idx), "--keep-patches", "2", "--prune-queries", str(sample)],
+                        "an --index gallery keeps"),
+                       (["--mode", "two-stage", "--keep-patches", "2", "--prune-queries", str(tmp_path / "blank.txt")],
+                        "holds no caption")]:
+        with pytest.raises(SystemExit):
+            eval_app.main([*common, *extra])
+        assert msg in capsys.readouterr().err
