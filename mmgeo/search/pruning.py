@@ -31,13 +31,18 @@ def query_tokens(queries) -> torch.Tensor:
     return q * attention_scale(q.shape[-1])
 
 
-def attention_mass(q: torch.Tensor, keys, mask, chunk: int = 64) -> torch.Tensor:
+WEIGHTS_PER_CHUNK = 1 << 24  # attention weights alive at once (64 MB of fp32)
+
+
+def attention_mass(q: torch.Tensor, keys, mask, chunk: int | None = None) -> torch.Tensor:
     """(N, S) attention weight each patch receives, summed over the query tokens and heads.
 
     q (H, t, d_a): ``query_tokens``; keys (N, H, S, d_a) and mask (N, S) bool (tensors or arrays, e.g. memory
-    maps), read ``chunk`` images at a time (weights (H, t, chunk·S) exist at once)."""
+    maps), read ``chunk`` images at a time (weights (H, t, chunk·S) exist at once; by default as many images as
+    keep them within ``WEIGHTS_PER_CHUNK``)."""
     H, t, d_a = q.shape
     N, S = mask.shape[:2]
+    chunk = chunk or max(1, WEIGHTS_PER_CHUNK // (H * max(t, 1) * S))
     mass = torch.zeros(N, S)
     for a in range(0, N, chunk):
         k = torch.from_numpy(np.array(keys[a:a + chunk], dtype=np.float32))  # (c, H, S, d_a), a writable copy
