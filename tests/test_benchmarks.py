@@ -163,7 +163,7 @@ def test_cpu_score_compares_two_checkouts_on_the_same_numbers(tmp_path):
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
     data = json.loads(out.read_text())
     (cur,), (ref,) = data["runs"]["current"], data["runs"]["ref"]
-    assert cur["checksum"] == ref["checksum"] and cur["exact_s"] > 0 and ref["exact_s"] > 0
+    assert abs(cur["checksum"] - ref["checksum"]) < 1e-4 and cur["exact_s"] > 0 and ref["exact_s"] > 0
     assert set(cur["rerank_ms"]) == {"fp16", "sq8"} and min(cur["rerank_ms"].values()) > 0
     assert "| exact scoring, 12 × 7 pairs, 2 threads (s) |" in res.stdout and "current / ref" in res.stdout
     sys.path.insert(0, str(ROOT / "benchmarks"))

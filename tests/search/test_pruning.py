@@ -66,9 +66,11 @@ def test_a_pruned_store_scores_exactly_its_kept_patches(model, pruned, codec):  
         "kept": KEEP, "of": L, "criterion": "attention mass", "queries": len(queries), "bytes_per_image": 2}
     assert g.num_patches == KEEP and man["store"]["bytes_per_image"] == bytes_per_image(
         codec, H, KEEP, D, D, "bool" if codec == "fp16" else "all") + 2  # + L/8 bytes of kept-patch bits
-    want_idx = kept_patches(attention_mass(query_tokens(queries), emb.attn, emb.mask), KEEP)  # (N, KEEP)
-    for i in (0, 7, N - 1):
-        assert torch.equal(g.image_patches(i), want_idx[i]) and g.image_mask(i).shape == (KEEP,)
+    mass = attention_mass(query_tokens(queries), emb.attn.half(), emb.mask)  # (N, L): the build reads fp16 keys
+    want_idx = torch.stack([g.image_patches(i) for i in range(N)])  # (N, KEEP) as stored
+    for i in range(N):  # the heaviest KEEP patches, up to near-ties
+        dropped = torch.ones(L, dtype=torch.bool).index_fill_(0, want_idx[i], False)
+        assert mass[i, want_idx[i]].min() >= mass[i, dropped].max() - 1e-4 and g.image_mask(i).shape == (KEEP,)
     g.check_images(emb)  # compares each image's stored keys with its kept patches
     text = captions(1, T=5, seed=11)
     ids = np.array([3, 0, 57, 119, 8])
