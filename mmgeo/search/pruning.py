@@ -65,10 +65,7 @@ def prune_arrays(folder: Path, queries, keep: int, chunk: int = 256) -> dict:
     ``PATCHES_FILE``; -> the store's ``patches`` record."""
     arrays = {name: np.load(folder / f"{name}.npy", mmap_mode="r") for name in ("keys", "values", "mask")}
     N, H, S, _ = arrays["keys"].shape
-    if not 1 <= keep < S:
-        raise ValueError(f"keep_patches must be between 1 and {S - 1} (the model has {S} patches), got {keep}")
-    if len(queries) == 0:
-        raise ValueError("patch pruning needs at least one sample query")
+    check_pruning(keep, queries, S)  # the builders checked already; this is the arrays' own S
     q = query_tokens(queries)  # (H, t, d_a)
     out = {name: np.lib.format.open_memmap(folder / f"{name}.pruned", mode="w+", dtype=a.dtype,
                                            shape=(N, *a.shape[1:-2], keep, a.shape[-1]) if a.ndim == 4 else (N, keep))
