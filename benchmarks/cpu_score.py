@@ -13,6 +13,8 @@ pair with --threads threads, what eval's exact scoring runs on CPU. "rerank": ``
 and --codec, and read by every checkout), one thread, median ms per query. Each checkout is measured in its own
 process (cwd and sys.path[0] = the checkout), ref and current alternating, --repeats times each; the table gives
 medians and the current/ref ratio, and a checksum of the exact scores shows both computed the same numbers.
+Last, the arithmetic floor: the FLOPs of exact scoring's two GEMMs per head (every real token against every
+patch) at this CPU's measured fp32 GEMM peak, the time no fp32 implementation of the score can go below here.
 """
 
 from __future__ import annotations
@@ -67,7 +69,24 @@ def make_inputs(args, tmp: Path) -> dict:
         log(f"  {time.perf_counter() - t:.0f} s")
         galleries[codec] = str(tmp / f"gallery-{codec}")
     shape = {"H": H, "T": T, "S": S, "d_a": d_a, "d_e": d_e, "tokens": [lo, hi]}
-    return {"inputs": str(tmp / "inputs.pt"), "galleries": galleries, "shape": shape}
+    # the two GEMMs per head of exact scoring, <q_t, k_j> and <u_t, v_j>, over every real token and patch
+    flops = 2 * int(n.sum()) * args.images * S * H * (d_a + d_e)
+    return {"inputs": str(tmp / "inputs.pt"), "galleries": galleries, "shape": shape, "gemm_flops": flops}
+
+
+def gemm_peak(threads: int, size: int = 2048, repeats: int = 5) -> float:
+    """This CPU's fp32 GEMM rate (GFLOP/s): best of ``repeats`` square ``size`` matmuls on ``threads`` threads."""
+    import torch
+
+    torch.set_num_threads(threads)
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    a @ b  # warm-up
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t)
+    return 2 * size ** 3 / best / 1e9
 
 
 def child(spec_path: str) -> None:
@@ -153,10 +172,10 @@ def main() -> None:
     finally:
         if made is not None:
             subprocess.run(["git", "worktree", "remove", "--force", str(made)], cwd=ROOT, capture_output=True)
-    report(args, common, runs, commits)
+    report(args, common, runs, commits, gemm_peak(args.threads))
 
 
-def report(args, common: dict, runs: dict, commits: dict) -> None:
+def report(args, common: dict, runs: dict, commits: dict, peak: float) -> None:
     rows = [("exact_s", f"exact scoring, {args.captions:,} × {args.images:,} pairs, {args.threads} threads (s)")]
     rows += [(f"rerank_ms.{c}", f"re-rank of 100 candidates, {c} store, 1 thread (ms / query)")
              for c in common["galleries"]]
@@ -179,9 +198,14 @@ def report(args, common: dict, runs: dict, commits: dict) -> None:
         print(f"| {label} | " + " | ".join(cells) + " |")
     sums = {n: runs[n][0]["checksum"] for n in names}
     print("\nchecksum of the exact scores: " + ", ".join(f"{n} {s:.6f}" for n, s in sums.items()))
+    bound = {"gemm_flops": common["gemm_flops"], "gemm_peak_gflops": peak, "gemm_s": common["gemm_flops"] / peak / 1e9}
+    print(f"arithmetic floor: exact scoring's two GEMMs per head are {bound['gemm_flops'] / 1e12:.3g} TFLOP here; "
+          f"at this CPU's fp32 GEMM peak with {args.threads} thread(s) ({peak:.0f} GFLOP/s, best 2048³ matmul) "
+          f"they alone take {bound['gemm_s']:.3g} s (the softmax's exp2, products and sums come on top)")
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "shape": common["shape"], "commits": commits,
-                                               "runs": runs, "median": med, "cpu": cpu_model()}, indent=1))
+                                               "runs": runs, "median": med, "cpu": cpu_model(), "floor": bound},
+                                              indent=1))
 
 
 if __name__ == "__main__":

@@ -146,6 +146,23 @@ def _friendly(err: dict, limits: Limits) -> str | None:
     return None
 
 
+def result_rows(ids, scores) -> list[dict]:
+    """Ranked (ids, scores) -> the ``ResultRow`` dicts of an answer."""
+    return [{"id": int(i), "score": float(s), "url": f"/images/{int(i)}"} for i, s in zip(ids, scores)]
+
+
+def json_body(content) -> bytes:
+    """``content`` as the bytes ``JSONResponse`` would send (compact, UTF-8, NaN and infinity refused)."""
+    return json.dumps(content, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8")
+
+
+def _render(content) -> bytes | ValueError:
+    try:
+        return json_body(content)
+    except ValueError as err:  # NaN / infinity in the answer
+        return err
+
+
 def create_app(index_dir, model=None, ckpt=None, limits: Limits | None = None) -> FastAPI:
     """App over the index at ``index_dir``; the model is ``model`` or loaded from ``ckpt`` / the manifest's path."""
     import mmgeo
@@ -159,12 +176,16 @@ def create_app(index_dir, model=None, ckpt=None, limits: Limits | None = None) -
         model = mmgeo.load_model(ckpt)
     gallery.check_model(model, ckpt)
 
-    def search_batch(queries: list[tuple[str, int, bool]]) -> list:
+    def search_batch(queries: list[tuple[str, int, bool]]) -> list[bytes | ValueError]:
         """One micro-batch of (text, k, rerank) in a worker thread: one encode call, one FAISS search, one
-        batched re-rank -> one (ids, scores) per query."""
+        batched re-rank -> each query's /search answer, already JSON (``json_body``): rendering it here keeps
+        FastAPI's encoder off the event loop, which every request goes through. An answer that cannot be
+        rendered (a non-finite score) is that query's error alone, raised by its handler."""
         emb = model.encode_text([t for t, _, _ in queries])  # rows (B, ...)
-        return search_texts(model, gallery, emb, [k for _, k, _ in queries], [r for _, _, r in queries],
-                            limits.k_prime)
+        found = search_texts(model, gallery, emb, [k for _, k, _ in queries], [r for _, _, r in queries],
+                             limits.k_prime)
+        return [_render({"query": t, "rerank": r, "results": result_rows(ids, scores)})
+                for (t, _, r), (ids, scores) in zip(queries, found)]
 
     batcher = MicroBatcher(search_batch, limits.batch_size, limits.batch_wait_ms, limits.batch_workers)
     metrics = Metrics()
@@ -224,9 +245,6 @@ def create_app(index_dir, model=None, ckpt=None, limits: Limits | None = None) -
         return JSONResponse({"error": "internal error", "request_id": request_id}, status_code=500,
                             headers={"X-Request-ID": request_id})
 
-    def result_rows(ids, scores):
-        return [{"id": int(i), "score": float(s), "url": f"/images/{int(i)}"} for i, s in zip(ids, scores)]
-
     def image_id(raw: str) -> int:
         if not re.fullmatch(r"[0-9]{1,12}", raw):
             raise ApiError(400, f"image id must be a non-negative integer from the index, got {raw[:80]!r}")
@@ -245,8 +263,10 @@ def create_app(index_dir, model=None, ckpt=None, limits: Limits | None = None) -
                        f"1..{limits.max_k}, a field missing or of the wrong type")})
     async def search(req: SearchRequest):
         _check_query(req.text, req.k, limits)
-        ids, scores = await batcher.submit((req.text, req.k, req.rerank))  # batched with concurrent queries
-        return {"query": req.text, "rerank": req.rerank, "results": result_rows(ids, scores)}
+        body = await batcher.submit((req.text, req.k, req.rerank))  # batched with concurrent queries
+        if isinstance(body, ValueError):
+            raise body  # this query's answer only (the 500 handler logs it)
+        return Response(body, media_type="application/json")  # rendered in the batch (SearchResponse's shape)
 
     @app.post("/search/image", summary="Image upload -> similar images (global vectors)",
               description=f"Uploads are limited to {upload_limit}; over either, the answer is 413.",

@@ -166,10 +166,16 @@ def test_cpu_score_compares_two_checkouts_on_the_same_numbers(tmp_path):
     assert abs(cur["checksum"] - ref["checksum"]) < 1e-4 and cur["exact_s"] > 0 and ref["exact_s"] > 0
     assert set(cur["rerank_ms"]) == {"fp16", "sq8"} and min(cur["rerank_ms"].values()) > 0
     assert "| exact scoring, 12 × 7 pairs, 2 threads (s) |" in res.stdout and "current / ref" in res.stdout
+    floor = data["floor"]  # FLOPs of the two GEMMs per head over the real tokens: 2·N·images·S·H·(d_a + d_e)
+    assert floor["gemm_peak_gflops"] > 0 and "arithmetic floor" in res.stdout
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from cpu_score import make_inputs
 
     ns = argparse.Namespace(captions=12, images=7, tokens=[20, 41], gallery=40, codec="sq8")
-    d = torch.load(make_inputs(ns, tmp_path)["inputs"], weights_only=True)
+    made = make_inputs(ns, tmp_path)
+    d = torch.load(made["inputs"], weights_only=True)
+    H, S, d_a, d_e = d["q"].shape[1], d["k"].shape[2], d["q"].shape[-1], d["u"].shape[-1]
+    assert made["gemm_flops"] == floor["gemm_flops"] == 2 * int(d["q_mask"].sum()) * 7 * S * H * (d_a + d_e)
+    assert floor["gemm_s"] == pytest.approx(floor["gemm_flops"] / floor["gemm_peak_gflops"] / 1e9)
     want = pair_score_naive(d["q"], d["q_mask"], d["u"], d["k"], d["k_mask"], d["v"]).double().sum()
     assert abs(cur["checksum"] - float(want)) < 1e-4

@@ -6,10 +6,11 @@ import zlib
 
 import numpy as np
 import pytest
+from fastapi.responses import JSONResponse
 from fastapi.testclient import TestClient
 from PIL import Image
 
-from serve.app import Limits, create_app
+from serve.app import Limits, SearchResponse, create_app
 
 LIMITS = Limits(max_text_chars=200, max_k=50, k_prime=10, max_upload_bytes=100_000, max_image_pixels=1_000_000)
 
@@ -50,6 +51,11 @@ def test_search_ranks_images(client, rerank):
     assert len(res) == 5 and len({x["id"] for x in res}) == 5
     assert [x["score"] for x in res] == sorted((x["score"] for x in res), reverse=True)
     assert all(x["url"] == f"/images/{x['id']}" for x in res)
+    # rendered in the batch's worker thread: the documented shape, the bytes FastAPI's JSONResponse would send
+    assert r.headers["content-type"] == "application/json"
+    answer = SearchResponse.model_validate_json(r.content)
+    assert (answer.query, answer.rerank) == ("a big red circle in the center", rerank)
+    assert r.content == JSONResponse(r.json()).body
 
 
 def test_search_image_and_image_file(client, serve_env):
@@ -197,3 +203,27 @@ def test_app_refuses_a_mismatched_model(serve_env):
 
     with pytest.raises(GalleryError, match="does not match the index"):
         create_app(serve_env.idx, model=mmgeo.create_model("geo-tiny", **{**TINY, "d_global": 8}))
+
+
+def test_an_answer_that_cannot_be_rendered_fails_its_query_alone(serve_env, monkeypatch):
+    import serve.app as app_module
+
+    real = app_module.search_texts
+
+    def nan_for_bad(model, gallery, emb, ks, reranks, k_prime):  # the real search; NaN scores for the queries
+        found = real(model, gallery, emb, ks, reranks, k_prime)  # of `texts` (the batch sent) that start "bad"
+        return [(ids, scores * np.nan) if text.startswith("bad") else (ids, scores)
+                for text, (ids, scores) in zip(texts, found)]
+
+    monkeypatch.setattr(app_module, "search_texts", nan_for_bad)
+    app = create_app(serve_env.idx, limits=LIMITS)
+    texts = ["a red circle", "bad query", "a blue square"]
+    answers = app.state.batcher.fn([(t, 3, True) for t in texts])  # one micro-batch of three queries
+    assert isinstance(answers[1], ValueError) and "JSON" in str(answers[1])
+    assert [SearchResponse.model_validate_json(answers[i]).query for i in (0, 2)] == ["a red circle", "a blue square"]
+    with TestClient(app, raise_server_exceptions=False) as c:
+        texts = ["bad query"]
+        r = c.post("/search", json={"text": "bad query", "k": 3})
+        assert r.status_code == 500 and r.json()["error"] == "internal error" and len(r.json()["request_id"]) == 32
+        texts = ["a red circle"]
+        assert c.post("/search", json={"text": "a red circle", "k": 3}).status_code == 200
