@@ -33,6 +33,7 @@ from mmgeo.models.towers import (
     image_transform,
     patch_tokens,
     resolve_preprocessing,
+    token_states,
 )
 
 MAX_LOGIT_SCALE = 100.0  # CLIP's clamp on exp(logit_scale)
@@ -121,7 +122,7 @@ class GeoRetriever(nn.Module):
 
     def forward_text(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> Embedding:
         mask = attention_mask.bool()  # (B, T)
-        h = self.text_encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # (B, T, C)
+        h = token_states(self.text_encoder, input_ids, attention_mask)  # (B, T, C); padding read through mask
         pooled = F.normalize(self.text_global(h[:, 0]), dim=-1)  # [CLS] -> (B, d_g)
         if not self.geometric:
             return Embedding(pooled)

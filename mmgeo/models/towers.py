@@ -165,3 +165,27 @@ def patch_tokens(vit: nn.Module, pixels: torch.Tensor) -> tuple[torch.Tensor, to
     feats = vit.forward_features(pixels)  # (B, prefix + S, C)
     pooled = vit.forward_head(feats, pre_logits=True)  # (B, C)
     return feats[:, vit.num_prefix_tokens:], pooled
+
+
+LENGTH_GROUP = 48  # captions per length group of ``token_states`` (measured: docs/benchmarks.md, "Length groups")
+MAX_LENGTH_GROUPS = 4
+
+
+def token_states(encoder: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """Text encoder states (B, T, C) of captions padded to T. A batch of at least 2 · ``LENGTH_GROUP`` captions is
+    run in up to ``MAX_LENGTH_GROUPS`` groups of similar length (sorted by real tokens, stable), each cut to its
+    own last real column, so the encoder does not compute (and backpropagate through) the padding of the longest
+    caption for all of them; columns a group did not run are 0. Real tokens' states are the one-group ones up to
+    float rounding; padding positions are not: read them only through the mask, as everything here does."""
+    B, T = input_ids.shape
+    groups = min(MAX_LENGTH_GROUPS, B // LENGTH_GROUP)
+    if groups < 2:
+        return encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # (B, T, C)
+    order = torch.argsort(attention_mask.sum(1), stable=True)  # (B,) shortest first
+    parts = []
+    for rows in torch.chunk(order, groups):
+        mask = attention_mask[rows]  # (b, T)
+        L = int(mask.any(0).nonzero().max()) + 1 if bool(mask.any()) else 1  # last column with a real token
+        h = encoder(input_ids=input_ids[rows, :L], attention_mask=mask[:, :L]).last_hidden_state  # (b, L, C)
+        parts.append(nn.functional.pad(h, (0, 0, 0, T - L)))  # (b, T, C)
+    return torch.cat(parts)[torch.argsort(order)]  # (B, T, C) back in the batch's order

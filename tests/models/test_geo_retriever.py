@@ -112,3 +112,34 @@ def test_embedding_cat_pads_token_dims():
     assert c.attn.shape == (3, 1, 5, 5) and c.mask.shape == (3, 5)
     assert not c.mask[:2, 3:].any() and c.mask[2].all()
     assert len(c[1:]) == 2
+
+
+def test_length_groups_give_the_one_group_states_and_gradients(tiny_model):
+    """A large batch runs its text encoder in groups of similar length (``token_states``): every real token's
+    state and every encoder gradient equal those of one padded pass, up to float rounding."""
+    from mmgeo.models import towers
+
+    ds = ShapesWorld("test", image_size=32, size=60)
+    captions = [c for i in range(60) for c in ds[i][1][:2]]  # 120 captions, lengths vary
+    captions[7] = "a big red circle " * 8 + "in the center"  # one long caption: the rest is padding
+    tok = tiny_model.tokenize(captions)
+    ids, mask = tok["input_ids"], tok["attention_mask"].bool()
+    encoder = tiny_model.text_encoder
+    calls = []
+    hook = encoder.register_forward_hook(lambda module, args, output: calls.append(1))
+    weight = torch.randn(*ids.shape, encoder.config.hidden_size)  # a loss reading real tokens only
+
+    def states_and_grads(fn):
+        encoder.zero_grad(set_to_none=True)
+        h = fn()
+        (h * weight)[mask].sum().backward()
+        return h[mask].detach(), {n: p.grad.clone() for n, p in encoder.named_parameters() if p.grad is not None}
+
+    grouped, g_grouped = states_and_grads(lambda: towers.token_states(encoder, ids, tok["attention_mask"]))
+    assert len(calls) == min(towers.MAX_LENGTH_GROUPS, len(captions) // towers.LENGTH_GROUP) == 2
+    one, g_one = states_and_grads(lambda: encoder(**tok).last_hidden_state)
+    hook.remove()
+    torch.testing.assert_close(grouped, one, atol=1e-5, rtol=1e-4)
+    assert g_grouped.keys() == g_one.keys() and len(g_one) > 10
+    for name in g_one:
+        torch.testing.assert_close(g_grouped[name], g_one[name], atol=1e-4, rtol=1e-3, msg=name)
