@@ -167,7 +167,7 @@ def patch_tokens(vit: nn.Module, pixels: torch.Tensor) -> tuple[torch.Tensor, to
     return feats[:, vit.num_prefix_tokens:], pooled
 
 
-LENGTH_GROUP = 48  # captions per length group of ``token_states`` (measured: docs/benchmarks.md, "Length groups")
+LENGTH_GROUP = 48  # captions per length group of ``token_states`` (a training batch of 192 runs in four groups)
 MAX_LENGTH_GROUPS = 4
 
 
