@@ -11,6 +11,12 @@ It runs mmgeo.training.train(argv, callbacks=[timer]) for warmup + steps steps (
 config path is read relative to that checkout) with the config's validation as it would happen, then times the
 pieces of a step by hand on a few batches: data (__getitem__ with rendering + preprocess), collate (tokenisation),
 text / image tower, score + loss, backward, AdamW step.
+The arithmetic floor: one more step (forward, loss, backward) runs under torch.profiler, whose FLOP count of the
+matrix products (mm, addmm, bmm, baddbmm, conv2d) is the step's GEMM work; at this CPU's fp32 GEMM peak (best of
+five 2048^3 matmuls on the children's thread count, measured once after the runs) that work alone takes
+"GEMMs alone at peak" ms, so batch / that is the most samples/s any implementation of the same step reaches here.
+A lower bound: attention inside fused SDPA kernels and convolution backward are not in the profiler's count.
+"in-step CPU time" is the process's CPU seconds per step (all its threads; steadier than wall time on a shared host).
 "Lightning/logging overhead" = Lightning's in-step time minus the forward, loss, backward and optimiser parts.
 Steady state: the steps after --warmup; period = batch start to next batch start, validation time removed;
 data wait = period - in-step (the loader and the loop between batches). --compare REF (commit, tag, branch or
@@ -45,7 +51,10 @@ ROWS = [("samples_per_s", "samples/s"), ("steps_per_s", "steps/s"), ("startup_s"
         ("text_fwd_ms", "text tower forward (ms/step)"), ("image_fwd_ms", "image tower forward (ms/step)"),
         ("loss_ms", "score + loss (ms/step)"), ("backward_ms", "backward (ms/step)"),
         ("optimizer_ms", "optimiser step + zero_grad (ms/step)"),
-        ("overhead_ms", "Lightning/logging overhead (ms/step)")]
+        ("overhead_ms", "Lightning/logging overhead (ms/step)"), ("cpu_ms", "in-step CPU time, all threads (ms/step)"),
+        ("gemm_gflop", "GEMM work (GFLOP/step, profiler count)"), ("gemm_floor_ms", "GEMMs alone at peak (ms/step)"),
+        ("ceiling_samples_per_s", "samples/s if a step were its GEMMs at peak")]
+GEMM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::conv2d")  # ops the profiler counts FLOPs of
 TINY = ["--data.train_size", "64", "--data.val_size", "8", "--trainer.batch_size", "16"]
 
 
@@ -105,6 +114,7 @@ def child(spec: dict) -> dict:
         def __init__(self) -> None:
             self.starts: list[float] = []
             self.ends: list[float] = []
+            self.cpu: list[float] = []  # process CPU seconds in each step (all threads)
             self.first_wall, self.batch_size, self.threads = 0.0, 0, 0
 
         def on_train_batch_start(self, trainer, module, batch, batch_idx) -> None:
@@ -113,9 +123,11 @@ def child(spec: dict) -> dict:
                 cfg = getattr(module, "cfg", None)
                 self.batch_size = cfg.trainer.batch_size if cfg is not None else len(batch["pixels"])
             self.starts.append(time.perf_counter())
+            self.cpu.append(time.process_time())
 
         def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
             self.ends.append(time.perf_counter())
+            self.cpu[-1] = time.process_time() - self.cpu[-1]
 
     timer, n, w = Timer(), spec["warmup"] + spec["steps"], spec["warmup"]
     argv = ["--config", spec["config"], *spec["overrides"], "--out_dir", spec["out_dir"],
@@ -131,24 +143,27 @@ def child(spec: dict) -> dict:
     periods = [s[i + 1] - s[i] - overlap(s[i], s[i + 1]) for i in range(w, n - 1)]
     in_step = statistics.fmean(e[i] - s[i] - overlap(s[i], e[i]) for i in range(w, n - 1))
     period = statistics.fmean(periods)
+    cpu = [timer.cpu[i] for i in range(w, n - 1) if not overlap(s[i], e[i])]  # steps without validation inside
     runs = {k: [b - a for kind, a, b in spans if kind == k] for k in ("val", "diag")}
     out = {"steps_per_s": 1 / period, "samples_per_s": timer.batch_size / period, "batch_size": timer.batch_size,
            "startup_s": timer.first_wall - spec["launch"], "in_step_ms": 1e3 * in_step, "period_ms": 1e3 * period,
            "data_wait_ms": 1e3 * (period - in_step), "val_runs": len(runs["val"]),
            "val_s": statistics.fmean(runs["val"]) if runs["val"] else None,
            "diag_s": statistics.fmean(runs["diag"]) if runs["diag"] else None,
-           "torch": torch.__version__, "threads": timer.threads}
+           "cpu_ms": 1e3 * statistics.fmean(cpu) if cpu else None, "torch": torch.__version__,
+           "threads": timer.threads}
     if train.ValidationRecall is None:
         out["val_runs"] = None
-    times, errors = breakdown(train, spec, spec["batches"])
-    out.update({f"{k}_ms": v for k, v in times.items()}, breakdown_errors=errors)
+    times, errors, gflop = breakdown(train, spec, spec["batches"])
+    out.update({f"{k}_ms": v for k, v in times.items()}, breakdown_errors=errors, gemm_gflop=gflop)
     if all(times[p] is not None for p in PARTS):
         out["overhead_ms"] = out["in_step_ms"] - sum(times[p] for p in PARTS)
     return out
 
 
-def breakdown(train, spec: dict, batches: int) -> tuple[dict[str, float | None], dict[str, str]]:
-    """Median ms of each piece of a step over ``batches`` batches (after one untimed), built as training does."""
+def breakdown(train, spec: dict, batches: int) -> tuple[dict[str, float | None], dict[str, str], float | None]:
+    """Median ms of each piece of a step over ``batches`` batches (after one untimed), built as training does, and
+    the GFLOP of one more step's matrix products (forward, loss, backward) as torch.profiler counts them."""
     import torch
 
     times: dict[str, list[float]] = {p: [] for p in PIECES}
@@ -179,7 +194,7 @@ def breakdown(train, spec: dict, batches: int) -> tuple[dict[str, float | None],
         opt = module.configure_optimizers()
         opt = opt["optimizer"] if isinstance(opt, dict) else opt[0] if isinstance(opt, (list, tuple)) else opt
     except Exception as err:
-        return {p: None for p in PIECES}, {"setup": f"{type(err).__name__}: {err}"[:300]}
+        return {p: None for p in PIECES}, {"setup": f"{type(err).__name__}: {err}"[:300]}, None
     for b in range(batches + 1):
         rec, batch_keys = b > 0, next(keys, None)
         if batch_keys is None:  # fewer batches in an epoch than asked for
@@ -192,7 +207,27 @@ def breakdown(train, spec: dict, batches: int) -> tuple[dict[str, float | None],
         piece("loss", lambda: _loss(losses, model, state, cfg), rec)
         piece("backward", lambda: state["loss"].backward(), rec)
         piece("optimizer", lambda: (opt.step(), opt.zero_grad(set_to_none=True)), rec)
-    return {p: statistics.median(times[p]) if times[p] and p not in errors else None for p in PIECES}, errors
+    gflop, batch_keys = None, next(keys, None)
+    if batch_keys is not None and not errors:
+        batch = loader.collate_fn([loader.dataset[k] for k in batch_keys])
+
+        def step() -> None:
+            state["text_fwd"] = model.forward_text(batch["input_ids"], batch["attention_mask"])
+            state["image_fwd"], state["collate"] = model.forward_image(batch["pixels"]), batch
+            _loss(losses, model, state, cfg).backward()
+        gflop = gemm_gflop(step)
+        opt.zero_grad(set_to_none=True)
+    return ({p: statistics.median(times[p]) if times[p] and p not in errors else None for p in PIECES}, errors,
+            gflop)
+
+
+def gemm_gflop(fn) -> float:
+    """GFLOP of the matrix products (``GEMM_OPS``) that ``fn()`` runs, as torch.profiler counts them."""
+    from torch.profiler import profile
+
+    with profile(with_flops=True) as prof:
+        fn()
+    return sum(e.flops for e in prof.key_averages() if e.key in GEMM_OPS) / 1e9
 
 
 def _loss(losses, model, state: dict, cfg):
@@ -274,6 +309,8 @@ def median(runs: list[dict], key: str) -> float | None:
 
 
 def main() -> None:
+    from cpu_score import gemm_peak  # this script's folder is sys.path[0] in the parent
+
     argv = sys.argv[1:]
     overrides = argv[argv.index("--") + 1:] if "--" in argv else []
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -310,6 +347,11 @@ def main() -> None:
     finally:
         if made is not None:
             subprocess.run(["git", "worktree", "remove", "--force", str(made)], cwd=ROOT, capture_output=True)
+    peak = gemm_peak(runs["current"][0]["threads"])  # after the runs: the children are gone, the cores are free
+    for run in (r for rs in runs.values() for r in rs):
+        if run.get("gemm_gflop"):
+            run["gemm_floor_ms"] = run["gemm_gflop"] / peak * 1e3
+            run["ceiling_samples_per_s"] = run["batch_size"] / run["gemm_floor_ms"] * 1e3
     med = {k: {key: median(runs[k], key) for key, _ in ROWS} for k in checkouts}
     ratio = {key: med["current"][key] / med["ref"][key] for key, _ in ROWS
              if "ref" in med and med["ref"][key] and med["current"][key] is not None}
@@ -319,7 +361,7 @@ def main() -> None:
               "torch": first["torch"], "threads": first["threads"], "cpu": cpu_model(), "cpus": os.cpu_count(),
               "checkouts": {k: {"path": str(v), "commit": commits[k], "runs": runs[k], "median": med[k]}
                             for k, v in checkouts.items()},
-              "ratio": ratio, "ratio_samples_per_s": ratio.get("samples_per_s")}
+              "ratio": ratio, "ratio_samples_per_s": ratio.get("samples_per_s"), "gemm_peak_gflops": peak}
     cols = list(checkouts)
     head = [f"{k} `{commits[k][:7]}{'+dirty' if commits[k].endswith('+dirty') else ''}`" for k in cols]
     print(f"\ntrain speed of {a.config}, {a.warmup}+{a.steps} steps, batch {first['batch_size']}, median of "
@@ -329,6 +371,9 @@ def main() -> None:
     for key, name in ROWS:
         cells = [fmt(med[k][key]) for k in cols] + ([fmt(ratio.get(key))] if "ref" in cols else [])
         print(f"| {name} | " + " | ".join(cells) + " |")
+    print(f"\nfp32 GEMM peak here: {peak:.0f} GFLOP/s on {first['threads']} thread(s) (best of five 2048^3 matmuls); "
+          "'GEMMs alone at peak' = the step's profiled GEMM work at that rate, a floor no implementation of the "
+          "same step goes under on this CPU")
     if a.json:
         Path(a.json).write_text(json.dumps(result, indent=2))
         print(f"\njson: {a.json}")

@@ -56,9 +56,25 @@ def test_train_speed_tiny(tmp_path):
         assert med["val_runs"] >= 1 and med["val_s"] > 0  # validation at the end of training, timed
         assert all(med[f"{k}_ms"] > 0 for k in ("data", "collate", "text_fwd", "image_fwd", "loss", "backward",
                                                 "optimizer"))
-        assert "overhead_ms" in med
-    assert "| samples/s |" in res.stdout and "current/ref" in res.stdout
+        assert "overhead_ms" in med and med["cpu_ms"] > 0 and med["gemm_gflop"] > 0
+        assert med["gemm_floor_ms"] == pytest.approx(med["gemm_gflop"] / data["gemm_peak_gflops"] * 1e3)
+        assert med["ceiling_samples_per_s"] == pytest.approx(16e3 / med["gemm_floor_ms"])
+    assert "| samples/s |" in res.stdout and "current/ref" in res.stdout and "fp32 GEMM peak here" in res.stdout
     assert f"json: {out}" in res.stdout
+
+
+def test_train_speed_counts_a_linear_layers_three_gemms():
+    """The step's GEMM work as the profiler counts it: forward, input and weight gradients of a linear layer are
+    2·m·n·k FLOPs each (addmm once, mm twice), nothing counted twice through aten::linear / aten::matmul."""
+    import torch
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from train_speed import gemm_gflop
+
+    layer, x = torch.nn.Linear(96, 40), torch.randn(50, 96, requires_grad=True)
+    assert gemm_gflop(lambda: layer(x).sum().backward()) == pytest.approx(3 * 2 * 50 * 96 * 40 / 1e9)
+    w = torch.randn(3, 20, 8)
+    assert gemm_gflop(lambda: torch.matmul(torch.randn(3, 10, 20), w)) == pytest.approx(2 * 3 * 10 * 20 * 8 / 1e9)
 
 
 def test_compare_table_means_over_seeds(tmp_path):
