@@ -9,7 +9,9 @@ Builds (once, cached under --workdir) a gallery of ``--count`` random vectors sh
 encoded), starts ``python -m serve run`` on 127.0.0.1 in a subprocess, and runs k=10 queries at each concurrency,
 first with re-rank off, then on (geometric re-rank of the FAISS top 100). Every setting is bounded by --seconds and
 --max-requests. The client shares the machine's cores with the server: figures include that cost; the last
-column is the server's own mean time per /search request (from /metrics), queueing in the batcher included.
+columns are the server's own mean time per /search request (from /metrics, queueing in the batcher included) and
+the CPU time spent per request by the server (its processes, all threads; from /proc, Linux) and by the load
+generator: steadier than latency on a shared machine, so a change in the server's cost shows even when p99 drifts.
 """
 
 from __future__ import annotations
@@ -155,6 +157,23 @@ async def run_setting(url: str, texts: list[str], clients: int, rerank: bool, se
             "client": kind}
 
 
+def tree_cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of process ``pid`` and its descendants (uvicorn's --workers) from /proc; None
+    where /proc is not there."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total, todo = 0.0, [pid]
+    try:
+        while todo:
+            p = todo.pop()
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+            for task in Path(f"/proc/{p}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+    except (OSError, ValueError):
+        return None
+    return total
+
+
 def server_search_seconds(url: str) -> tuple[float, int]:
     """(sum of seconds, count) of POST /search as the server timed them (from /metrics)."""
     import httpx
@@ -166,6 +185,10 @@ def server_search_seconds(url: str) -> tuple[float, int]:
         elif line.startswith('mmgeo_request_seconds_count{endpoint="/search"}'):
             count = int(line.split()[-1])
     return total, count
+
+
+def fmt(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.2f}"
 
 
 def main(argv=None) -> int:
@@ -210,17 +233,23 @@ def main(argv=None) -> int:
               f"{os.cpu_count()} CPU core(s) shared by server and clients ({args.client} client)", flush=True)
         texts = queries()
         print(f"{'rerank':>7} {'clients':>7} {'requests':>8} {'QPS':>8} {'p50 ms':>8} {'p99 ms':>8} {'p99.9 ms':>8} "
-              f"{'max ms':>8} {'errors':>6} {'server mean ms':>14}")
+              f"{'max ms':>8} {'errors':>6} {'server mean ms':>14} {'server CPU ms/req':>17} {'client CPU ms/req':>17}")
         for rerank in (False, True):
             for c in args.clients:
                 s0, n0 = server_search_seconds(url)
+                cpu0, own0 = tree_cpu_seconds(server.pid), time.process_time()
                 r = asyncio.run(run_setting(url, texts, c, rerank, args.seconds, args.max_requests, args.client))
+                cpu1, own1 = tree_cpu_seconds(server.pid), time.process_time()
                 s1, n1 = server_search_seconds(url)
-                r["server_mean_ms"] = 1000 * (s1 - s0) / max(1, n1 - n0)  # includes the warm-up requests
+                n = max(1, n1 - n0)  # the warm-up requests included, as in the CPU times
+                r["server_mean_ms"] = 1000 * (s1 - s0) / n
+                r["server_cpu_ms_per_request"] = None if cpu0 is None or cpu1 is None else 1000 * (cpu1 - cpu0) / n
+                r["client_cpu_ms_per_request"] = 1000 * (own1 - own0) / n
                 rows.append(r)
                 print(f"{'top100' if rerank else 'off':>7} {c:>7} {r['requests']:>8} {r['qps']:>8.1f} "
                       f"{r['p50_ms']:>8.1f} {r['p99_ms']:>8.1f} {r['p999_ms']:>8.1f} {r['max_ms']:>8.1f} "
-                      f"{r['errors']:>6} {r['server_mean_ms']:>14.1f}",
+                      f"{r['errors']:>6} {r['server_mean_ms']:>14.1f} {fmt(r['server_cpu_ms_per_request']):>17} "
+                      f"{fmt(r['client_cpu_ms_per_request']):>17}",
                       flush=True)
     finally:
         server.terminate()

@@ -1,8 +1,11 @@
 """The benchmark scripts run (at toy sizes) and print what they promise."""
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -34,6 +37,29 @@ def test_load_search_reports_both_clients_without_errors(tmp_path):
         assert all(r["errors"] == 0 and r["requests"] == 12 for r in rows)
         assert all(r["max_ms"] >= r["p999_ms"] >= r["p99_ms"] >= r["p50_ms"] > 0 for r in rows)
         assert f"({client} client)" in res.stdout
+        assert all(r["server_cpu_ms_per_request"] is not None and r["client_cpu_ms_per_request"] > 0 for r in rows)
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="reads /proc (Linux)")
+def test_load_search_counts_the_cpu_of_a_servers_worker_processes():
+    """A parent that only waits, its child burning ~0.6 s of CPU: the tree's CPU time includes the child's."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from load_search import tree_cpu_seconds
+
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.6: pass\ntime.sleep(30)"
+    parent = subprocess.Popen([sys.executable, "-c", f"import subprocess, sys; subprocess.run([sys.executable, '-c', "
+                               f"{burn!r}])"])
+    try:
+        deadline = time.monotonic() + 20
+        while (tree_cpu_seconds(parent.pid) or 0) < 0.6 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert tree_cpu_seconds(parent.pid) >= 0.6
+    finally:
+        for task in Path(f"/proc/{parent.pid}/task").iterdir():
+            for child in (task / "children").read_text().split():
+                os.kill(int(child), signal.SIGKILL)
+        parent.kill()
+        parent.wait()
 
 
 def test_train_speed_tiny(tmp_path):
