@@ -1,5 +1,6 @@
 """The benchmark scripts run (at toy sizes) and print what they promise."""
 
+import contextlib
 import json
 import os
 import signal
@@ -55,9 +56,10 @@ def test_load_search_counts_the_cpu_of_a_servers_worker_processes():
             time.sleep(0.1)
         assert tree_cpu_seconds(parent.pid) >= 0.6
     finally:
-        for task in Path(f"/proc/{parent.pid}/task").iterdir():
-            for child in (task / "children").read_text().split():
-                os.kill(int(child), signal.SIGKILL)
+        with contextlib.suppress(OSError):  # the parent may be gone already
+            for task in Path(f"/proc/{parent.pid}/task").iterdir():
+                for child in (task / "children").read_text().split():
+                    os.kill(int(child), signal.SIGKILL)
         parent.kill()
         parent.wait()
 
