@@ -3,6 +3,7 @@ on.
 
     python benchmarks/load_search.py [--count 100000] [--clients 1 8 32] [--seconds 8] [--max-requests 3000]
                                      [--client raw|httpx] [--codec fp16|sq8|pq8|...] [--keep-patches N]
+                                     [--rerank off|on|both] [--server-args ARGS ...] [--rounds R]
 
 Builds (once, cached under --workdir) a gallery of ``--count`` random vectors shaped like the default
 ``geo-tiny`` model's (global vectors in FAISS, keys/values memory-mapped, fp16 or ``--codec``'s codes; no images
@@ -12,6 +13,11 @@ first with re-rank off, then on (geometric re-rank of the FAISS top 100). Every 
 columns are the server's own mean time per /search request (from /metrics, queueing in the batcher included) and
 the CPU time spent per request by the server (its processes, all threads; from /proc, Linux) and by the load
 generator: steadier than latency on a shared machine, so a change in the server's cost shows even when p99 drifts.
+
+Side by side: ``--server-args`` given several times names server variants (e.g. ``--server-args ""
+--server-args "--batch-workers 2"``); each of ``--rounds`` rounds starts every variant in turn on the same gallery
+and runs its settings, and a summary gives each variant's median QPS, every round's p99 and their median, and its
+median CPU per request: one run, alternated, so a slow spell of the machine does not land on one variant alone.
 """
 
 from __future__ import annotations
@@ -73,6 +79,9 @@ def queries(n: int = 200) -> list[str]:
 
     ds = ShapesWorld("val", seed=0, image_size=16)
     return [c for i in range(n // 5) for c in ds[i][1]]
+
+
+WARMUP = 3  # requests sent before each setting is timed (counted in its CPU per request)
 
 
 class RawClient:
@@ -139,7 +148,7 @@ async def run_setting(url: str, texts: list[str], clients: int, rerank: bool, se
         shared = httpx.AsyncClient(limits=httpx.Limits(max_connections=clients, max_keepalive_connections=clients),
                                    timeout=30)
         conns = [shared] * clients
-    for _ in range(3):  # warm-up
+    for _ in range(WARMUP):
         await one(conns[0], {"text": texts[0], "k": 10, "rerank": rerank})
     stop = time.perf_counter() + seconds
     t0 = time.perf_counter()
@@ -187,8 +196,85 @@ def server_search_seconds(url: str) -> tuple[float, int]:
     return total, count
 
 
-def fmt(v: float | None) -> str:
-    return "n/a" if v is None else f"{v:.2f}"
+def fmt(v: float | None, digits: int = 2) -> str:
+    return "n/a" if v is None else f"{v:.{digits}f}"
+
+
+def split_server_args(server_args: str) -> tuple[list[str], dict[str, str]]:
+    """``"A=1 B=x --opt v"`` -> (["--opt", "v"], {"A": "1", "B": "x"}): leading NAME=value words are environment."""
+    words, env = shlex.split(server_args), {}
+    while words and "=" in words[0] and not words[0].startswith("-"):
+        name, value = words.pop(0).split("=", 1)
+        env[name] = value
+    return words, env
+
+
+def start_server(index: Path, server_args: str) -> tuple[subprocess.Popen, str]:
+    """``python -m serve run`` on a free loopback port with ``server_args`` (leading ``NAME=value`` words set the
+    server's environment, as in a shell: ``"TOKENIZERS_PARALLELISM=false --batch-workers 1"``); returns once /health
+    answers."""
+    import httpx
+
+    words, extra_env = split_server_args(server_args)
+    env = {**os.environ, **extra_env}
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen([sys.executable, "-m", "serve", "run", "--index", str(index), "--host", "127.0.0.1",
+                               "--port", str(port), *words], cwd=ROOT, env=env)
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return server, url
+        except httpx.HTTPError:
+            pass
+        if server.poll() is not None or time.monotonic() > deadline:
+            stop_server(server)
+            raise SystemExit(f"server ({server_args or 'defaults'}) did not start (exit code {server.poll()})")
+        time.sleep(0.3)
+
+
+def stop_server(server: subprocess.Popen) -> None:
+    server.terminate()
+    try:
+        server.wait(10)
+    except subprocess.TimeoutExpired:
+        server.kill()
+
+
+def measure(server: subprocess.Popen, url: str, texts: list[str], clients: int, rerank: bool, args) -> dict:
+    """One setting against a running server: latency from the client, plus the server's own mean time and the CPU
+    time per request of the server's process tree and of this process."""
+    s0, n0 = server_search_seconds(url)
+    cpu0, own0 = tree_cpu_seconds(server.pid), time.process_time()
+    r = asyncio.run(run_setting(url, texts, clients, rerank, args.seconds, args.max_requests, args.client))
+    cpu1, own1 = tree_cpu_seconds(server.pid), time.process_time()
+    s1, n1 = server_search_seconds(url)
+    n = r["requests"] + WARMUP  # every request sent, as in the CPU times
+    # /metrics is one process's: with `--workers N` it saw only a share of the requests, and its mean is not shown
+    r["server_mean_ms"] = 1000 * (s1 - s0) / n if n1 - n0 == n else None
+    r["server_cpu_ms_per_request"] = None if cpu0 is None or cpu1 is None else 1000 * (cpu1 - cpu0) / n
+    r["client_cpu_ms_per_request"] = 1000 * (own1 - own0) / n
+    return r
+
+
+def summarize(rows: list[dict], variants: list[str]) -> None:
+    """Per server variant and setting, over the rounds: median QPS, each round's p99 and their median, median
+    server CPU per request. Rounds alternate the variants, so slow spells of a shared machine hit them alike."""
+    import statistics
+
+    print(f"\nover {max(r['round'] for r in rows) + 1} rounds, variants alternated (median; p99 of each round):")
+    for v in variants:
+        for rerank in sorted({r["rerank"] for r in rows}):
+            for c in sorted({r["clients"] for r in rows}):
+                sel = [r for r in rows if r["server_args"] == v and r["rerank"] == rerank and r["clients"] == c]
+                cpu = [r["server_cpu_ms_per_request"] for r in sel if r["server_cpu_ms_per_request"] is not None]
+                p99s = " / ".join(f"{r['p99_ms']:.1f}" for r in sel)
+                print(f"  [{v or 'defaults'}] {'top100' if rerank else 'off'}, {c} clients: "
+                      f"QPS {statistics.median(r['qps'] for r in sel):.1f}, "
+                      f"p99 {statistics.median(r['p99_ms'] for r in sel):.1f} ms "
+                      f"({p99s}), "
+                      f"server CPU {statistics.median(cpu) if cpu else float('nan'):.2f} ms/req")
 
 
 def main(argv=None) -> int:
@@ -199,64 +285,56 @@ def main(argv=None) -> int:
     p.add_argument("--keep-patches", type=int, default=None, metavar="N",
                    help="prune the gallery to N patches per image (by the attention of random sample queries)")
     p.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32])
+    p.add_argument("--rerank", default="both", choices=["off", "on", "both"], help="which settings to run")
     p.add_argument("--seconds", type=float, default=8.0, help="time limit per setting")
     p.add_argument("--max-requests", type=int, default=3000, help="request limit per setting")
     p.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "mmgeo-load-bench"))
     p.add_argument("--client", default="raw", choices=["raw", "httpx"],
                    help="load generator: raw = minimal keep-alive HTTP/1.1 on asyncio streams (light), httpx")
-    p.add_argument("--server-args", default="", help="extra `python -m serve run` options, e.g. '--workers 2'")
+    p.add_argument("--server-args", action="append", default=None, metavar="ARGS",
+                   help="extra `python -m serve run` options, e.g. '--workers 2' (leading NAME=value words: its "
+                        "environment); give it again to compare server variants side by side (each round runs "
+                        "every variant in turn)")
+    p.add_argument("--rounds", type=int, default=1, help="rounds over the variants (alternated); >1 adds a summary")
     p.add_argument("--json", default=None, help="also write the rows here")
     args = p.parse_args(argv)
+    if args.rounds < 1:
+        p.error(f"--rounds must be at least 1, got {args.rounds}")
+    variants = args.server_args or [""]
 
     index = prepare(Path(args.workdir), args.count, args.index_type, args.codec, args.keep_patches)
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen([sys.executable, "-m", "serve", "run", "--index", str(index), "--host", "127.0.0.1",
-                               "--port", str(port), *shlex.split(args.server_args)], cwd=ROOT)
+    texts = queries()
+    settings = [(rr, c) for rr in {"off": [False], "on": [True], "both": [False, True]}[args.rerank]
+                for c in args.clients]
     rows = []
-    try:
-        import httpx
-
-        deadline = time.monotonic() + 120
-        while True:
+    for rnd in range(args.rounds):
+        for variant in variants:
+            server, url = start_server(index, variant)
             try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if server.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"server did not start (exit code {server.poll()})")
-            time.sleep(0.3)
-        health = httpx.get(url + "/health").json()
-        print(f"server up: {health['images']:,} images, index {health['index_type']}, {args.codec} re-rank store"
-              f"{f' of {args.keep_patches} patches per image' if args.keep_patches else ''}; "
-              f"{os.cpu_count()} CPU core(s) shared by server and clients ({args.client} client)", flush=True)
-        texts = queries()
-        print(f"{'rerank':>7} {'clients':>7} {'requests':>8} {'QPS':>8} {'p50 ms':>8} {'p99 ms':>8} {'p99.9 ms':>8} "
-              f"{'max ms':>8} {'errors':>6} {'server mean ms':>14} {'server CPU ms/req':>17} {'client CPU ms/req':>17}")
-        for rerank in (False, True):
-            for c in args.clients:
-                s0, n0 = server_search_seconds(url)
-                cpu0, own0 = tree_cpu_seconds(server.pid), time.process_time()
-                r = asyncio.run(run_setting(url, texts, c, rerank, args.seconds, args.max_requests, args.client))
-                cpu1, own1 = tree_cpu_seconds(server.pid), time.process_time()
-                s1, n1 = server_search_seconds(url)
-                n = max(1, n1 - n0)  # the warm-up requests included, as in the CPU times
-                r["server_mean_ms"] = 1000 * (s1 - s0) / n
-                r["server_cpu_ms_per_request"] = None if cpu0 is None or cpu1 is None else 1000 * (cpu1 - cpu0) / n
-                r["client_cpu_ms_per_request"] = 1000 * (own1 - own0) / n
-                rows.append(r)
-                print(f"{'top100' if rerank else 'off':>7} {c:>7} {r['requests']:>8} {r['qps']:>8.1f} "
-                      f"{r['p50_ms']:>8.1f} {r['p99_ms']:>8.1f} {r['p999_ms']:>8.1f} {r['max_ms']:>8.1f} "
-                      f"{r['errors']:>6} {r['server_mean_ms']:>14.1f} {fmt(r['server_cpu_ms_per_request']):>17} "
-                      f"{fmt(r['client_cpu_ms_per_request']):>17}",
-                      flush=True)
-    finally:
-        server.terminate()
-        try:
-            server.wait(10)
-        except subprocess.TimeoutExpired:
-            server.kill()
+                import httpx
+
+                health = httpx.get(url + "/health").json()
+                print(f"{f'round {rnd + 1}/{args.rounds}: ' if args.rounds > 1 else ''}server up"
+                      f"{f' ({variant})' if variant else ''}: {health['images']:,} images, index "
+                      f"{health['index_type']}, {args.codec} re-rank store"
+                      f"{f' of {args.keep_patches} patches per image' if args.keep_patches else ''}; "
+                      f"{os.cpu_count()} CPU core(s) shared by server and clients ({args.client} client)", flush=True)
+                print(f"{'rerank':>7} {'clients':>7} {'requests':>8} {'QPS':>8} {'p50 ms':>8} {'p99 ms':>8} "
+                      f"{'p99.9 ms':>8} {'max ms':>8} {'errors':>6} {'server mean ms':>14} {'server CPU ms/req':>17} "
+                      f"{'client CPU ms/req':>17}")
+                for rerank, c in settings:
+                    r = measure(server, url, texts, c, rerank, args)
+                    r.update(server_args=variant, round=rnd)
+                    rows.append(r)
+                    print(f"{'top100' if rerank else 'off':>7} {c:>7} {r['requests']:>8} {r['qps']:>8.1f} "
+                          f"{r['p50_ms']:>8.1f} {r['p99_ms']:>8.1f} {r['p999_ms']:>8.1f} {r['max_ms']:>8.1f} "
+                          f"{r['errors']:>6} {fmt(r['server_mean_ms'], 1):>14} "
+                          f"{fmt(r['server_cpu_ms_per_request']):>17} {fmt(r['client_cpu_ms_per_request']):>17}",
+                          flush=True)
+            finally:
+                stop_server(server)
+    if args.rounds > 1 or len(variants) > 1:
+        summarize(rows, variants)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     return 0 if all(r["errors"] == 0 for r in rows) else 1

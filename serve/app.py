@@ -47,8 +47,8 @@ class Limits:
     max_upload_bytes: int = 10 << 20
     max_image_pixels: int = MAX_PIXELS  # the one decompression-bomb cap (mmgeo.data.images)
     batch_size: int = 32  # micro-batch of queries (encode + search + re-rank together)
-    batch_wait_ms: float = 3.0
-    batch_workers: int = 2  # micro-batches in flight at once (one per core helps; each runs in its own thread)
+    batch_wait_ms: float = 3.0  # how long a micro-batch waits for more queries after its first
+    batch_workers: int = 2  # micro-batches in flight at once (one gathers at a time; each runs in its own thread)
 
 
 class ApiError(Exception):

@@ -3,8 +3,12 @@
 The event loop never runs the model: a worker task gathers up to ``max_batch`` items (waiting at most
 ``max_wait_ms`` after the first), runs ``fn(items) -> results`` (one result per item, e.g. encode the
 texts in one call, then search them together) via ``asyncio.to_thread`` and hands every waiter its own
-result. With ``workers`` > 1 several such tasks take turns at the queue, so while one batch runs in its
-thread (torch and FAISS release the GIL) the next is gathered and run on another core.
+result. Requests already queued when a batch starts gathering join it at once (with ``max_wait_ms=0`` the batch
+is what queued while the previous one ran). With ``workers`` > 1 several such tasks take turns: one gathers at a
+time, so while one batch runs in its thread (torch and FAISS release the GIL) the next is gathered and run on
+another core, but a moderate load is not split into half-size batches that each pay the per-batch cost (the
+encoder's per-call work, the FAISS call): each worker taking every other request cost about a third more CPU
+per request at 8 clients (docs/serve.md).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ class MicroBatcher:
 
     async def start(self) -> None:
         self.queue = asyncio.Queue()
+        self.gathering = asyncio.Lock()
         self.workers = [asyncio.create_task(self._run()) for _ in range(self.n_workers)]
 
     async def stop(self) -> None:
@@ -46,18 +51,25 @@ class MicroBatcher:
         await self.queue.put((item, fut))
         return await fut
 
+    async def _gather(self) -> list:
+        batch = [await self.queue.get()]
+        deadline = time.monotonic() + self.max_wait
+        while len(batch) < self.max_batch and not self.queue.empty():  # what is queued already joins
+            batch.append(self.queue.get_nowait())
+        while len(batch) < self.max_batch:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            try:
+                batch.append(await asyncio.wait_for(self.queue.get(), left))
+            except asyncio.TimeoutError:
+                break
+        return batch
+
     async def _run(self) -> None:
         while True:
-            batch = [await self.queue.get()]
-            deadline = time.monotonic() + self.max_wait
-            while len(batch) < self.max_batch:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                try:
-                    batch.append(await asyncio.wait_for(self.queue.get(), left))
-                except asyncio.TimeoutError:
-                    break
+            async with self.gathering:  # one worker gathers at a time; the next starts once this batch runs
+                batch = await self._gather()
             batch = [(t, f) for t, f in batch if not f.done()]  # drop requests cancelled while queued
             if not batch:
                 continue

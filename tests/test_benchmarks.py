@@ -41,6 +41,35 @@ def test_load_search_reports_both_clients_without_errors(tmp_path):
         assert all(r["server_cpu_ms_per_request"] is not None and r["client_cpu_ms_per_request"] > 0 for r in rows)
 
 
+def test_load_search_alternates_server_variants_over_rounds_and_summarizes(tmp_path):
+    """Two server variants, two rounds, re-rank on only: four rows in the order round 1 (A, B), round 2 (A, B),
+    each tagged with its variant and round, and a summary line per variant."""
+    out = tmp_path / "rows.json"
+    args = [sys.executable, "benchmarks/load_search.py", "--count", "300", "--clients", "1", "--rerank", "on",
+            "--seconds", "2", "--max-requests", "6", "--rounds", "2", "--server-args", "",
+            "--server-args", "TOKENIZERS_PARALLELISM=false --batch-workers 1", "--workdir", str(tmp_path / "work"),
+            "--json", str(out)]
+    res = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    rows = json.loads(out.read_text())
+    variant = "TOKENIZERS_PARALLELISM=false --batch-workers 1"
+    assert [(r["round"], r["server_args"], r["rerank"]) for r in rows] == [
+        (0, "", True), (0, variant, True), (1, "", True), (1, variant, True)]
+    assert all(r["errors"] == 0 and r["requests"] == 6 for r in rows)
+    assert "over 2 rounds" in res.stdout and f"[{variant}] top100, 1 clients" in res.stdout
+    assert "[defaults] top100, 1 clients" in res.stdout
+
+
+def test_load_search_reads_leading_assignments_as_the_servers_environment():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from load_search import split_server_args
+
+    assert split_server_args("A=1 B='x y' --workers 2 --opt=v") == (["--workers", "2", "--opt=v"],
+                                                                   {"A": "1", "B": "x y"})
+    assert split_server_args("") == ([], {})
+    assert split_server_args("--batch-wait-ms 0 C=2") == (["--batch-wait-ms", "0", "C=2"], {})
+
+
 @pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="reads /proc (Linux)")
 def test_load_search_counts_the_cpu_of_a_servers_worker_processes():
     """A parent that only waits, its child burning ~0.6 s of CPU: the tree's CPU time includes the child's."""

@@ -73,3 +73,51 @@ def test_two_workers_run_two_batches_at_once():
     assert asyncio.run(main(1)) == [0, 10, 20, 30] and overlap[0] == 1
     with pytest.raises(ValueError, match="workers must be at least 1"):
         MicroBatcher(slow, workers=0)
+
+
+def test_what_queued_while_a_batch_ran_joins_the_next_one_even_without_a_wait():
+    """max_wait_ms=0 still batches under load: the requests that queued up during a batch form the next one
+    (a worker that only took one item per batch would run six batches here)."""
+    sizes = []
+
+    def slow(items):
+        sizes.append(len(items))
+        threading.Event().wait(0.1)
+        return items
+
+    async def main():
+        b = MicroBatcher(slow, max_batch=8, max_wait_ms=0)
+        await b.start()
+        first = asyncio.ensure_future(b.submit(0))
+        await asyncio.sleep(0.03)  # the first batch is running in its thread
+        rest = await asyncio.gather(*(b.submit(i) for i in range(1, 6)))
+        await b.stop()
+        return [await first, *rest]
+
+    assert asyncio.run(main()) == [0, 1, 2, 3, 4, 5]
+    assert sizes == [1, 5]
+
+
+def test_one_worker_gathers_at_a_time_so_light_load_is_not_split_in_two():
+    """Two workers, four requests a few ms apart within one wait window: one batch of four, not two halves (each
+    worker taking every other request would double the per-batch cost at moderate load); the second worker gathers
+    only once the first has started its batch."""
+    sizes = []
+
+    def fn(items):
+        sizes.append(len(items))
+        return items
+
+    async def main():
+        b = MicroBatcher(fn, max_batch=8, max_wait_ms=200, workers=2)
+        await b.start()
+        async def later(i):
+            await asyncio.sleep(0.005 * i)
+            return await b.submit(i)
+
+        out = await asyncio.gather(*(later(i) for i in range(4)))
+        await b.stop()
+        return out
+
+    assert asyncio.run(main()) == [0, 1, 2, 3]
+    assert sizes == [4]
