@@ -7,8 +7,8 @@ result. Requests already queued when a batch starts gathering join it at once (w
 is what queued while the previous one ran). With ``workers`` > 1 several such tasks take turns: one gathers at a
 time, so while one batch runs in its thread (torch and FAISS release the GIL) the next is gathered and run on
 another core, but a moderate load is not split into half-size batches that each pay the per-batch cost (the
-encoder's per-call work, the FAISS call): each worker taking every other request cost about a third more CPU
-per request at 8 clients (docs/serve.md).
+encoder's per-call work, the FAISS call): with each worker taking every other request the server spent 22-44 %
+more CPU per request at 8 clients (docs/serve.md).
 """
 
 from __future__ import annotations
