@@ -306,13 +306,13 @@ def main(argv=None) -> int:
     texts = queries()
     settings = [(rr, c) for rr in {"off": [False], "on": [True], "both": [False, True]}[args.rerank]
                 for c in args.clients]
+    import httpx
+
     rows = []
     for rnd in range(args.rounds):
         for variant in variants:
             server, url = start_server(index, variant)
             try:
-                import httpx
-
                 health = httpx.get(url + "/health").json()
                 print(f"{f'round {rnd + 1}/{args.rounds}: ' if args.rounds > 1 else ''}server up"
                       f"{f' ({variant})' if variant else ''}: {health['images']:,} images, index "

@@ -26,6 +26,7 @@ class MicroBatcher:
             raise ValueError(f"workers must be at least 1, got {workers}")
         self.fn, self.max_batch, self.max_wait, self.n_workers = fn, max_batch, max_wait_ms / 1000, workers
         self.queue: asyncio.Queue | None = None
+        self.gathering: asyncio.Lock | None = None  # held by the worker that is gathering a batch
         self.workers: list[asyncio.Task] = []
         self.batches = 0  # batches run so far (for /metrics)
         self.items = 0
