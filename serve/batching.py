@@ -24,6 +24,9 @@ class MicroBatcher:
     def __init__(self, fn: Callable, max_batch: int = 32, max_wait_ms: float = 3.0, workers: int = 1):
         if workers < 1:
             raise ValueError(f"workers must be at least 1, got {workers}")
+        if max_batch < 1 or max_wait_ms < 0:
+            raise ValueError(f"batch size must be at least 1 and the wait at least 0 ms, got {max_batch} and "
+                             f"{max_wait_ms}")
         self.fn, self.max_batch, self.max_wait, self.n_workers = fn, max_batch, max_wait_ms / 1000, workers
         self.queue: asyncio.Queue | None = None
         self.gathering: asyncio.Lock | None = None  # held by the worker that is gathering a batch

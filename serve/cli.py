@@ -51,6 +51,8 @@ def parse(argv=None) -> argparse.Namespace:
                    "queries after its first (default: Limits.batch_wait_ms)")
     r.add_argument("--batch-workers", type=int, default=None, help="micro-batches in flight at once "
                    "(default: Limits.batch_workers)")
+    r.add_argument("--batch-size", type=int, default=None, help="most queries in one micro-batch "
+                   "(default: Limits.batch_size)")
     r.add_argument("--workers", type=int, default=1, help="server processes behind the port (uvicorn workers; each "
                    "loads the model and index, the keys/values files are memory-mapped and shared)")
     return p.parse_args(argv)
@@ -117,7 +119,7 @@ def _app(settings: dict):
 
     torch.set_num_threads(settings["torch_threads"])
     faiss.omp_set_num_threads(settings["torch_threads"])
-    given = {k: settings[k] for k in ("batch_wait_ms", "batch_workers") if settings[k] is not None}
+    given = {k: settings[k] for k in ("batch_wait_ms", "batch_workers", "batch_size") if settings.get(k) is not None}
     app = create_app(settings["index"], ckpt=settings["ckpt"], limits=Limits(k_prime=settings["k_prime"], **given))
     # what torch, transformers, FastAPI and the model allocated is left out of every later collection, whose full
     # passes over it stalled all requests in flight (docs/serve.md, "Tail latency")
@@ -129,7 +131,7 @@ def _app(settings: dict):
 def run_settings(args) -> dict:
     """What ``_app`` needs of ``run``'s arguments (JSON-able: passed to worker processes in ``SETTINGS_ENV``)."""
     return {k: getattr(args, k) for k in ("index", "ckpt", "k_prime", "batch_wait_ms", "batch_workers",
-                                          "torch_threads")}
+                                          "batch_size", "torch_threads")}
 
 
 def app_from_env():

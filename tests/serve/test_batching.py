@@ -73,6 +73,8 @@ def test_two_workers_run_two_batches_at_once():
     assert asyncio.run(main(1)) == [0, 10, 20, 30] and overlap[0] == 1
     with pytest.raises(ValueError, match="workers must be at least 1"):
         MicroBatcher(slow, workers=0)
+    with pytest.raises(ValueError, match="batch size must be at least 1"):
+        MicroBatcher(slow, max_batch=0)
 
 
 def test_what_queued_while_a_batch_ran_joins_the_next_one_even_without_a_wait():

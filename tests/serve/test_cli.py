@@ -65,3 +65,26 @@ def test_a_server_process_freezes_what_it_loaded(serve_env):
         gc.unfreeze()
         torch.set_num_threads(threads[0])
         faiss.omp_set_num_threads(threads[1])
+
+
+def test_run_passes_the_micro_batching_options_to_the_batcher(serve_env):
+    import gc
+
+    import faiss
+    import torch
+
+    from serve.app import Limits
+    from serve.cli import _app, parse, run_settings
+
+    threads = torch.get_num_threads(), faiss.omp_get_max_threads()
+    try:
+        b = _app(run_settings(parse(["run", "--index", str(serve_env.idx), "--batch-size", "3", "--batch-wait-ms",
+                                     "1.5", "--batch-workers", "3"]))).state.batcher
+        assert (b.max_batch, b.max_wait, b.n_workers) == (3, 0.0015, 3)
+        b = _app(run_settings(parse(["run", "--index", str(serve_env.idx)]))).state.batcher
+        assert (b.max_batch, b.max_wait, b.n_workers) == (Limits.batch_size, Limits.batch_wait_ms / 1000,
+                                                         Limits.batch_workers)
+    finally:
+        gc.unfreeze()
+        torch.set_num_threads(threads[0])
+        faiss.omp_set_num_threads(threads[1])
