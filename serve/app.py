@@ -46,8 +46,8 @@ class Limits:
     k_prime: int = 100  # first-stage candidates re-ranked by the geometric score
     max_upload_bytes: int = 10 << 20
     max_image_pixels: int = MAX_PIXELS  # the one decompression-bomb cap (mmgeo.data.images)
-    batch_size: int = 4  # most queries in a micro-batch (encode + search + re-rank together); small for p99
-    # (8 clients on 2 cores: two batches of 4 in parallel beat one of 8; 32 cuts CPU per query, not latency)
+    batch_size: int = 32  # most queries in a micro-batch (encode + search + re-rank together); 4 traded CPU for
+    # p99 on 2 cores, but not in every state of the test machine (docs/serve.md, "--batch-size")
     batch_wait_ms: float = 3.0  # how long a micro-batch waits for more queries after its first
     batch_workers: int = 2  # micro-batches in flight at once (one gathers at a time; each runs in its own thread)
 
