@@ -119,7 +119,7 @@ def _app(settings: dict):
 
     torch.set_num_threads(settings["torch_threads"])
     faiss.omp_set_num_threads(settings["torch_threads"])
-    given = {k: settings[k] for k in ("batch_wait_ms", "batch_workers", "batch_size") if settings.get(k) is not None}
+    given = {k: settings[k] for k in ("batch_wait_ms", "batch_workers", "batch_size") if settings[k] is not None}
     app = create_app(settings["index"], ckpt=settings["ckpt"], limits=Limits(k_prime=settings["k_prime"], **given))
     # what torch, transformers, FastAPI and the model allocated is left out of every later collection, whose full
     # passes over it stalled all requests in flight (docs/serve.md, "Tail latency")
