@@ -252,3 +252,17 @@ def test_cpu_score_compares_two_checkouts_on_the_same_numbers(tmp_path):
     assert floor["gemm_s"] == pytest.approx(floor["gemm_flops"] / floor["gemm_peak_gflops"] / 1e9)
     want = pair_score_naive(d["q"], d["q_mask"], d["u"], d["k"], d["k_mask"], d["v"]).double().sum()
     assert abs(cur["checksum"] - float(want)) < 1e-4
+
+
+def test_text_encode_times_both_ways_on_the_same_batches(tmp_path):
+    out = tmp_path / "text.json"
+    args = [sys.executable, "benchmarks/text_encode.py", "--batch-sizes", "1", "6", "--batches", "2", "--rounds", "2",
+            "--json", str(out)]
+    res = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    assert "own/packed" in res.stdout
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["batch"] for r in rows] == [1, 6]
+    assert rows[0]["padding"] == 0 and rows[1]["padding"] > 0  # six captions of different lengths are padded
+    assert all(len(r["own_all"]) == len(r["packed_all"]) == 2 and r["max_abs_diff"] < 1e-4 for r in rows)

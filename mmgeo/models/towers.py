@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from mmgeo.hub import missing_download, refused_pickle, unsafe_weights
+from mmgeo.models import bert_packed
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]")
 
@@ -175,8 +176,11 @@ def token_states(encoder: nn.Module, input_ids: torch.Tensor, attention_mask: to
     """Text encoder states (B, T, C) of captions padded to T. A batch of at least 2 · ``LENGTH_GROUP`` captions is
     run in up to ``MAX_LENGTH_GROUPS`` groups of similar length (sorted by real tokens, stable), each cut to its
     own last real column, so the encoder does not compute (and backpropagate through) the padding of the longest
-    caption for all of them; columns a group did not run are 0. Real tokens' states are the one-group ones up to
-    float rounding; padding positions are not: read them only through the mask, as everything here does."""
+    caption for all of them; columns a group did not run are 0. Without gradients, a BERT encoder in eval mode
+    runs over the real tokens alone (``bert_packed``). Real tokens' states are the one-group ones up to float
+    rounding; padding positions are not: read them only through the mask, as everything here does."""
+    if not torch.is_grad_enabled() and bert_packed.supports(encoder):
+        return bert_packed.packed_bert_states(encoder, input_ids, attention_mask)  # (B, T, C)
     B, T = input_ids.shape
     groups = min(MAX_LENGTH_GROUPS, B // LENGTH_GROUP)
     if groups < 2:
