@@ -48,7 +48,8 @@ def packed_bert_states(encoder: nn.Module, input_ids: torch.Tensor, attention_ma
         b = torch.cat([sa.query.bias, sa.key.bias, sa.value.bias])  # (3C,)
         qkv = h.new_zeros(B * T, 3 * C).index_copy_(0, rows, F.linear(h, w, b))  # (B·T, 3C), 0 on padding
         q, k, v = qkv.view(B, T, 3, nh, C // nh).permute(2, 0, 3, 1, 4)  # each (B, nh, T, d_h)
-        ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=keys_real, scale=sa.scaling)  # (B, nh, T, d_h)
+        ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=keys_real,
+                                             scale=getattr(sa, "scaling", None))  # (B, nh, T, d_h)
         ctx = ctx.transpose(1, 2).reshape(B * T, C).index_select(0, rows)  # (N, C)
         out = layer.attention.output
         h = out.LayerNorm(out.dense(ctx) + h)  # (N, C)
