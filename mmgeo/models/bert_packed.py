@@ -4,8 +4,8 @@
 longest, about a quarter of its multiply-adds are padding, and its per-module Python is a large part of a tiny
 encoder's time. ``packed_bert_states`` runs the same weights and the same arithmetic — embeddings, then per layer
 self-attention (softmax(q·kᵀ/√d_h) over the caption's real tokens), output projection + residual + LayerNorm,
-feed-forward + residual + LayerNorm — with every linear layer over the (N, C) real tokens packed together (query,
-key and value in one GEMM) and only the attention itself over the padded (B, heads, T, d_h) layout.
+feed-forward + residual + LayerNorm — with every linear layer over the (N, C) real tokens packed together and only
+the attention itself over the padded (B, heads, T, d_h) layout.
 
 Limits: a ``BertModel`` in eval mode (no dropout) with absolute position embeddings, no decoder / cross-attention
 and one of the GELU / ReLU activations (``supports``); anything else runs the model's own forward
@@ -44,10 +44,8 @@ def packed_bert_states(encoder: nn.Module, input_ids: torch.Tensor, attention_ma
     keys_real = mask[:, None, None, :]  # (B, 1, 1, T): attend to real tokens only
     for layer in encoder.encoder.layer:
         sa = layer.attention.self
-        w = torch.cat([sa.query.weight, sa.key.weight, sa.value.weight])  # (3C, C)
-        b = torch.cat([sa.query.bias, sa.key.bias, sa.value.bias])  # (3C,)
-        qkv = h.new_zeros(B * T, 3 * C).index_copy_(0, rows, F.linear(h, w, b))  # (B·T, 3C), 0 on padding
-        q, k, v = qkv.view(B, T, 3, nh, C // nh).permute(2, 0, 3, 1, 4)  # each (B, nh, T, d_h)
+        q, k, v = (h.new_zeros(B * T, C).index_copy_(0, rows, proj(h))  # (B·T, C), 0 on padding
+                   .view(B, T, nh, C // nh).transpose(1, 2) for proj in (sa.query, sa.key, sa.value))  # (B, nh, T, d_h)
         ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=keys_real,
                                              scale=getattr(sa, "scaling", None))  # (B, nh, T, d_h)
         ctx = ctx.transpose(1, 2).reshape(B * T, C).index_select(0, rows)  # (N, C)
