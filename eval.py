@@ -21,10 +21,11 @@ The service has no image->text search: two-stage image->text ranks are read from
 Prints a table and writes a JSON with "metrics" (R@1/5/10, mean / median rank, both directions),
 "counts" (images and captions evaluated; for real data also "skipped", bad samples by reason) and
 "diagnostics" (attention entropy, Q/K spectra, head redundancy, logit range on the first 64 images;
-mmgeo.diagnostics); --plot draws the recall@K curves.
+mmgeo.eval.diagnostics); --plot draws the recall@K curves.
 
---suite compositional (or all: next to retrieval) runs the binding suite of docs/design.md §9 (mmgeo.compositional):
-true caption vs minimally edited caption on the same image, accuracy per edit type, under "compositional" —
+--suite compositional (or all: next to retrieval) runs the binding suite of docs/design.md §9
+(mmgeo.eval.compositional): true caption vs minimally edited caption on the same image, accuracy per edit type,
+under "compositional" —
 on the shapes world (negatives generated from, and checked against, the scene) or on SugarCREPE.
 """
 
@@ -38,12 +39,12 @@ from pathlib import Path
 
 import torch
 
-from mmgeo.checkpoint import load_model
 from mmgeo.data import MAX_PIXELS, build_dataset
-from mmgeo.diagnostics import diagnose
-from mmgeo.metrics import DEFAULT_KS, NonFiniteScores, image_to_text_ranks, retrieval_metrics, text_to_image_ranks
-from mmgeo.plots import plot_recall_curves
-from mmgeo.retrieval import encode_split, exact_scores
+from mmgeo.eval.diagnostics import diagnose
+from mmgeo.eval.metrics import DEFAULT_KS, NonFiniteScores, image_to_text_ranks, retrieval_metrics, text_to_image_ranks
+from mmgeo.eval.plots import plot_recall_curves
+from mmgeo.eval.retrieval import encode_split, exact_scores
+from mmgeo.models.checkpoint import load_model
 from mmgeo.search.codecs import CODECS
 from mmgeo.search.faiss_index import INDEX_TYPES
 
@@ -80,7 +81,7 @@ def nonfinite_diagnostics(model, split) -> str:
 
 def evaluate_compositional(args, model) -> dict:
     """The compositional suite with the model's default score: synthetic scene edits or SugarCREPE."""
-    from mmgeo.compositional import run_suite, shapes_items, sugarcrepe_items
+    from mmgeo.eval.compositional import run_suite, shapes_items, sugarcrepe_items
 
     start = time.time()
     if args.data == "sugarcrepe":
@@ -167,8 +168,8 @@ def evaluate(args) -> dict:
         how = f"exact: every (caption, image) pair by the model's {model.default_mode} score"
         result["measured"] = {"text_to_image": how, "image_to_text": how}
     else:
+        from mmgeo.eval.two_stage import evaluate_split
         from mmgeo.search.store import GalleryError
-        from mmgeo.search.two_stage import evaluate_split
 
         try:  # the service's search code over --index, or over a temporary gallery of the split's images
             sample = None
@@ -305,7 +306,7 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"first stage (FAISS top-{fs['k_prime']}) recall: text->image {100 * t2i:.1f}, "
                   f"image->text {100 * i2t:.1f}")
     if "compositional" in result:
-        from mmgeo.compositional import format_table as compositional_table
+        from mmgeo.eval.compositional import format_table as compositional_table
 
         comp = result["compositional"]
         c = comp["counts"]

@@ -105,13 +105,13 @@ def main(argv=None) -> dict:
     import numpy as np
     import torch
 
-    from mmgeo.checkpoint import load_model
     from mmgeo.data import build_dataset
-    from mmgeo.metrics import retrieval_metrics
-    from mmgeo.retrieval import encode_split, exact_scores
+    from mmgeo.eval.metrics import retrieval_metrics
+    from mmgeo.eval.retrieval import encode_split, exact_scores
+    from mmgeo.eval.two_stage import evaluate_split
+    from mmgeo.models.checkpoint import load_model
     from mmgeo.search.build import build_gallery_from_embedding
     from mmgeo.search.store import Gallery
-    from mmgeo.search.two_stage import evaluate_split
 
     if args.report_to:
         check_markers(Path(args.report_to).resolve(), "codecs")

@@ -395,7 +395,7 @@ def section_training(sec: Section, dev, dry: bool) -> None:
 
     import mmgeo
     from mmgeo.kernels import use_triton
-    from mmgeo.losses import retrieval_loss
+    from mmgeo.training.losses import retrieval_loss
 
     os.environ["MMGEO_KERNELS"] = "auto"
     batch, steps, warmup = (4, 2, 1) if dry else (256, 100, 3)
@@ -481,12 +481,12 @@ class ScoreOnly:
 def section_evaluation(sec: Section, dev, dry: bool) -> None:
     import torch
 
+    from mmgeo.eval.retrieval import EncodedSplit
+    from mmgeo.eval.two_stage import evaluate_split
     from mmgeo.kernels import use_triton
     from mmgeo.models.registry import model_config
-    from mmgeo.retrieval import EncodedSplit
     from mmgeo.search.build import build_gallery_from_embedding
     from mmgeo.search.store import Gallery
-    from mmgeo.search.two_stage import evaluate_split
 
     os.environ["MMGEO_KERNELS"] = "auto"
     cfg = model_config("geo-vitb16-bert", image_pretrained=False, text_pretrained=False, **(TINY if dry else {}))

@@ -12,7 +12,7 @@ Criteria, per image:
 - key norm: mean over heads of |k_j| (needs no queries);
 - random (seed 0): the floor.
 A dropped patch is masked out (the score is then exactly that of a store without it). Scores are exact fp32
-(``mmgeo.retrieval.exact_scores``) of the first ``--captions-per-image`` captions of every image of the split
+(``mmgeo.eval.retrieval.exact_scores``) of the first ``--captions-per-image`` captions of every image of the split
 against all its images. The bytes columns are what the re-rank store would keep per image (fp16 and ``rq8``,
 ``mmgeo.search.codecs.bytes_per_image``, every kept patch real; a pruned store also keeps ceil(S/8) bytes of
 kept-patch bits — not counted here). Prints a markdown table; --json writes the rows.
@@ -50,8 +50,8 @@ def main(argv=None) -> list[dict]:
 
     import mmgeo
     from mmgeo.data import build_dataset
+    from mmgeo.eval.retrieval import encode_split, exact_scores
     from mmgeo.models.embedding import Embedding
-    from mmgeo.retrieval import encode_split, exact_scores
     from mmgeo.search.codecs import bytes_per_image
     from mmgeo.search.pruning import attention_mass, query_tokens
 

@@ -30,11 +30,11 @@ def worker(spec: dict) -> dict:
     import torch
 
     import mmgeo.training as training
-    from mmgeo.checkpoint import load_model
     from mmgeo.data import build_dataset
-    from mmgeo.diagnostics import diagnose
-    from mmgeo.metrics import retrieval_metrics
-    from mmgeo.retrieval import encode_split, exact_scores
+    from mmgeo.eval.diagnostics import diagnose
+    from mmgeo.eval.metrics import retrieval_metrics
+    from mmgeo.eval.retrieval import encode_split, exact_scores
+    from mmgeo.models.checkpoint import load_model
 
     start = time.time()
     ckpt = training.train(spec["train_args"])

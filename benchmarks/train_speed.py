@@ -185,7 +185,8 @@ def breakdown(train, spec: dict, batches: int) -> tuple[dict[str, float | None],
     try:
         load = train.load_config or importlib.import_module("mmgeo.config").load_config
         cfg = load(train.TrainConfig, spec["config"], spec["overrides"])
-        losses = importlib.import_module("mmgeo.losses")
+        moved = (Path(spec["checkout"]) / "mmgeo" / "training" / "losses.py").is_file()  # older checkouts: mmgeo/
+        losses = importlib.import_module("mmgeo.training.losses" if moved else "mmgeo.losses")
         torch.manual_seed(cfg.trainer.seed)
         module = train.RetrievalModule(cfg)
         model = module.model.train()

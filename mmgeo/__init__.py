@@ -9,8 +9,8 @@ Public API (imports are lazy, so ``import mmgeo`` does no work):
 from importlib import import_module
 
 _EXPORTS = {
-    "load_model": "mmgeo.checkpoint",
-    "save_model": "mmgeo.checkpoint",
+    "load_model": "mmgeo.models.checkpoint",
+    "save_model": "mmgeo.models.checkpoint",
     "create_model": "mmgeo.models",
     "list_models": "mmgeo.models",
     "model_config": "mmgeo.models",

@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from mmgeo.viz import token_attention
+from mmgeo.eval.viz import token_attention
 
 MAX_PANELS = 24  # words drawn at most (a caption rarely has more)
 

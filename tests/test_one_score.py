@@ -16,14 +16,15 @@ from fastapi.testclient import TestClient
 import eval as eval_app
 import mmgeo.training as training
 from mmgeo.data import build_dataset
-from mmgeo.retrieval import encode_split, exact_scores
-from mmgeo.search.two_stage import evaluate_split
+from mmgeo.eval.retrieval import encode_split, exact_scores
+from mmgeo.eval.two_stage import evaluate_split
 from tests.conftest import TINY
 from tests.search.conftest import make_gallery_env, single_thread_faiss  # noqa: F401 (autouse fixture)
 
 ROOTS = {"mmgeo", "serve", "eval", "train"}  # the product's modules: the library, the service, the entry points
-PRODUCT_MODULES = ["mmgeo.training.module", "mmgeo.losses", "mmgeo.retrieval", "mmgeo.search.two_stage", "mmgeo.viz",
-                   "mmgeo.diagnostics", "serve.app", "serve.explain", "eval"]
+PRODUCT_MODULES = ["mmgeo.training.module", "mmgeo.training.losses", "mmgeo.eval.retrieval", "mmgeo.search.two_stage",
+                   "mmgeo.eval.two_stage", "mmgeo.eval.viz", "mmgeo.eval.diagnostics", "serve.app", "serve.explain",
+                   "eval"]
 
 
 class Negated:

@@ -1,6 +1,6 @@
 """Items of the compositional suite (docs/design.md §9): an image, its true caption, edited negatives and
 meaning-preserving rewrites. Built by ``mmgeo.data.scene_edits`` (shapes world) and
-``mmgeo.data.sugarcrepe`` (SugarCREPE's JSON); scored by ``mmgeo.compositional.run_suite``.
+``mmgeo.data.sugarcrepe`` (SugarCREPE's JSON); scored by ``mmgeo.eval.compositional.run_suite``.
 """
 
 from __future__ import annotations

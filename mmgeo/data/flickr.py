@@ -245,7 +245,7 @@ def _open_hf(root: str, split: str):
                     raise ValueError(f"dataset {root!r} has splits {list(dd)}; none is {split!r}")
                 table = dd[name]
     except (ConnectionError, FileNotFoundError) as err:
-        from mmgeo.hub import MissingDownloadError
+        from mmgeo.models.hub import MissingDownloadError
 
         raise MissingDownloadError(
             f"dataset {root!r} is neither a local folder nor in the Hugging Face cache, and nothing can be downloaded "

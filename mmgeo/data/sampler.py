@@ -41,7 +41,7 @@ class ResumableBatchSampler(Sampler):
         """Given at construction, else read from torch.distributed when iteration starts (after the launch)."""
         if self._rank is not None and self._world is not None:
             return self._rank, self._world
-        from mmgeo.distributed import rank_and_world
+        from mmgeo.training.distributed import rank_and_world
 
         return rank_and_world()
 
@@ -100,7 +100,7 @@ class SampleLog:
         self.path = path
 
     def write(self, step: int, epoch: int, index: torch.Tensor) -> None:
-        from mmgeo.distributed import rank_and_world
+        from mmgeo.training.distributed import rank_and_world
 
         if rank_and_world()[0] == 0:
             with open(self.path, "a") as f:

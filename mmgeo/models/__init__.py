@@ -1,4 +1,8 @@
-"""Models: the GeoRetriever, its config, and the registry of named variants."""
+"""Models: the GeoRetriever, its config, and the registry of named variants.
+
+Also here: ``checkpoint`` (save_model / load_model: one self-describing file, safetensors or torch, never
+unpickling code) and ``hub`` (the two loading errors: missing download, unsafe pickle).
+"""
 
 from mmgeo.models.config import ModelConfig
 from mmgeo.models.embedding import Embedding

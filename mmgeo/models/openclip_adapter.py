@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mmgeo.hub import missing_download, refused_pickle, unsafe_weights
 from mmgeo.models.embedding import Embedding, check_texts
+from mmgeo.models.hub import missing_download, refused_pickle, unsafe_weights
 
 PREFIX = "openclip:"
 

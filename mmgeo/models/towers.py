@@ -16,8 +16,8 @@ import pickle
 import torch
 from torch import nn
 
-from mmgeo.hub import missing_download, refused_pickle, unsafe_weights
 from mmgeo.models import bert_packed
+from mmgeo.models.hub import missing_download, refused_pickle, unsafe_weights
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]")
 

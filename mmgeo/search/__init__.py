@@ -5,7 +5,8 @@
 - ``shards``: a FAISS index cut into memory-mapped shards, searched and merged
 - ``store``: the on-disk gallery format and its reader, ``Gallery``; ``build``: its writers
 - ``codecs``: how the re-rank store keeps keys/values (fp16, or FAISS SQ / PQ / RQ codes)
-- ``two_stage``: FAISS top-K' then geometric re-rank (``search_texts``), and ``rank_captions`` for evaluation
+- ``two_stage``: FAISS top-K' then geometric re-rank (``search_texts``); evaluation runs every caption of a split
+  through it in ``mmgeo.eval.two_stage``, which this package never imports
 
 Importing this package imports none of them (nor torch or faiss); import the module you need.
 """

@@ -5,6 +5,8 @@
     callbacks  SkippedReport, AttentionDiagnostics, ValidationRecall
     io         AtomicCheckpointIO, RunCSVLogger, latest_checkpoint
     loop       train(argv) / fit(cfg): loader, callbacks, Trainer, run folder (refused when it holds a run)
+    losses     symmetric InfoNCE on each score, on one rank or gathered across many (contrastive_loss)
+    distributed  cross-rank gathering with gradients (gather_embedding), rank_and_world
 
 Imports are lazy, so ``import mmgeo.training`` does no work.
 """

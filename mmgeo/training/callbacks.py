@@ -9,9 +9,9 @@ import warnings
 
 import lightning as L
 
-from mmgeo.diagnostics import diagnose, scalars
-from mmgeo.metrics import NonFiniteScores, retrieval_metrics
-from mmgeo.retrieval import encode_split, exact_scores
+from mmgeo.eval.diagnostics import diagnose, scalars
+from mmgeo.eval.metrics import NonFiniteScores, retrieval_metrics
+from mmgeo.eval.retrieval import encode_split, exact_scores
 from mmgeo.training.module import NonFiniteTraining
 
 
@@ -32,7 +32,7 @@ class SkippedReport(L.Callback):
 
 
 class AttentionDiagnostics(L.Callback):
-    """Attention entropy, Q/K spectra, head redundancy and logit range (``mmgeo.diagnostics``) on a fixed val
+    """Attention entropy, Q/K spectra, head redundancy and logit range (``mmgeo.eval.diagnostics``) on a fixed val
     batch every N steps, logged as diag/* scalars; each kind of threshold warning is raised once per run,
     and only after ``grace_steps`` (at initialisation attention is near-uniform by construction)."""
 

@@ -21,10 +21,10 @@ import torch
 import yaml
 from torch.utils.data import DataLoader
 
-from mmgeo.checkpoint import save_model
 from mmgeo.config import to_dict
 from mmgeo.data.pairs import CaptionPairs, Collate, open_split
 from mmgeo.data.sampler import ResumableBatchSampler, SampleLog
+from mmgeo.models.checkpoint import save_model
 from mmgeo.training.callbacks import AttentionDiagnostics, SkippedReport, ValidationRecall
 from mmgeo.training.config import TrainConfig, load_train_config
 from mmgeo.training.io import AtomicCheckpointIO, RunCSVLogger, checkpoint_step, latest_checkpoint

@@ -13,13 +13,13 @@ import lightning as L
 import numpy as np
 import torch
 
-from mmgeo.checkpoint import model_record
 from mmgeo.data.sampler import SampleLog
-from mmgeo.diagnostics import nonfinite_cause, orthogonality_penalty
-from mmgeo.distributed import all_gather_no_grad, all_reduce_any, rank_and_world
-from mmgeo.losses import contrastive_loss
+from mmgeo.eval.diagnostics import nonfinite_cause, orthogonality_penalty
 from mmgeo.models import create_model
+from mmgeo.models.checkpoint import model_record
 from mmgeo.training.config import TrainConfig
+from mmgeo.training.distributed import all_gather_no_grad, all_reduce_any, rank_and_world
+from mmgeo.training.losses import contrastive_loss
 
 
 def step_seed(seed: int, step: int, rank: int) -> int:

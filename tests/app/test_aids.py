@@ -5,7 +5,7 @@ Unit tests of the module and callbacks are in tests/training/."""
 import torch
 
 import mmgeo.training as training
-from mmgeo.diagnostics import orthogonality_penalty
+from mmgeo.eval.diagnostics import orthogonality_penalty
 from mmgeo.training import RetrievalModule
 from tests.conftest import TINY
 

@@ -3,7 +3,7 @@
 Same global batches (samples.tsv) and the same loss at every step, with and without local loss; text
 dropout off, since ranks draw their own masks. Weights are compared only loosely: Adam turns gradient
 noise of ~1e-9 on parameters the loss cannot see (e.g. the key bias, which softmax ignores) into ±lr
-steps, so weight equality after training is not a meaningful test of the loss — tests/test_distributed.py
+steps, so weight equality after training is not a meaningful test of the loss — tests/training/test_distributed.py
 checks loss and gradients to 1e-5 directly.
 """
 

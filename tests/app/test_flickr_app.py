@@ -72,7 +72,7 @@ def test_openclip_model_evaluates_zero_shot(tiny_openclip, tmp_path):
 
 
 def test_missing_openclip_weights_name_the_download(monkeypatch):
-    from mmgeo.hub import MissingDownloadError
+    from mmgeo.models.hub import MissingDownloadError
     from mmgeo.models.openclip_adapter import load_openclip
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

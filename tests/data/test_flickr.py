@@ -64,7 +64,7 @@ def test_clear_errors(tmp_path):
 
 
 def test_uncached_dataset_id_names_the_download():
-    from mmgeo.hub import MissingDownloadError
+    from mmgeo.models.hub import MissingDownloadError
 
     with pytest.raises(MissingDownloadError, match="huggingface-cli download mmgeo-test/no-such-dataset"):
         Flickr30K("mmgeo-test/no-such-dataset", "test")

@@ -10,8 +10,8 @@ import torch
 from PIL import Image
 
 import mmgeo
-from mmgeo.hub import MissingDownloadError
-from mmgeo.losses import retrieval_loss
+from mmgeo.models.hub import MissingDownloadError
+from mmgeo.training.losses import retrieval_loss
 from tests import openclip_tiny
 from tests.conftest import TINY
 
@@ -110,7 +110,7 @@ def test_local_weights_load_and_malicious_ones_are_refused(kind, bert_dir, openc
     import open_clip
     from safetensors.torch import save_file
 
-    from mmgeo.hub import UnsafeWeightsError
+    from mmgeo.models.hub import UnsafeWeightsError
 
     torch.manual_seed(0)
     folder, marker = tmp_path / "weights", tmp_path / "ran.marker"

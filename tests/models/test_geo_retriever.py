@@ -3,8 +3,8 @@ import torch
 
 import mmgeo
 from mmgeo.data import ShapesWorld
-from mmgeo.losses import retrieval_loss, symmetric_infonce
 from mmgeo.models import Embedding
+from mmgeo.training.losses import retrieval_loss, symmetric_infonce
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
-"""Two-stage search (FAISS top-K' on global, geometric re-rank) equals exact geometric scoring on its candidates;
-``rank_captions`` (evaluation) is ``search_texts`` (the service) for every caption."""
+"""Two-stage search (FAISS top-K' on global, geometric re-rank) equals exact geometric scoring on its candidates
+(``rank_captions``, evaluation's use of it: tests/eval/test_two_stage.py)."""
 
 import numpy as np
 import pytest
@@ -7,9 +7,8 @@ import torch
 
 from mmgeo.data import ShapesWorld
 from mmgeo.models import Embedding
-from mmgeo.search.build import build_gallery_from_embedding
 from mmgeo.search.store import Gallery
-from mmgeo.search.two_stage import CANDIDATE_OFFSET, rank_captions, rerank_scores, search_text, search_texts
+from mmgeo.search.two_stage import rerank_scores, search_text
 
 TIE = 1e-5  # scores this close may swap between code paths (BLAS rounding differs by CPU): ids compared up to ties
 
@@ -79,46 +78,3 @@ def test_rerank_scores_are_the_models_geometric_scores(tiny_model):
         got = rerank_scores(text.attn[i], text.mask[i], text.value[i], keys.transpose(0, 1).contiguous(),
                             values.transpose(0, 1).contiguous(), mask)
         torch.testing.assert_close(got, want[i], rtol=1e-5, atol=1e-6)
-
-
-@pytest.mark.parametrize("index_type", ["flat", "hnsw", "ivfpq"])
-def test_rank_captions_is_the_services_search_for_every_caption(setup, index_type, tmp_path):
-    model, g, texts, _ = setup
-    emb = Embedding(torch.from_numpy(g.index.reconstruct_n(0, len(g))), torch.from_numpy(np.array(g.keys)).float(),
-                    torch.from_numpy(np.array(g.values)).float(), torch.from_numpy(np.array(g.mask)))
-    build_gallery_from_embedding(model, emb, tmp_path / "i", index_type=index_type)
-    other = Gallery(tmp_path / "i")
-    assert other.manifest["index_type"] == index_type
-    ranking = rank_captions(model, other, texts, k_prime=6, batch_size=5, progress=False)
-    assert len(ranking.ids) == len(texts) and ranking.k_prime == 6
-    for i in range(len(texts)):
-        ids, scores = search_texts(model, other, texts[i:i + 1], [6], [True], 6)[0]
-        np.testing.assert_array_equal(ranking.ids[i], ids)
-        np.testing.assert_array_equal(ranking.scores[i], scores)
-        assert 0 < len(ids) <= 6
-
-
-def test_score_matrix_puts_the_reranked_candidates_first(setup):
-    """Candidates keep their re-ranked order on top; every other image keeps its global score, below them."""
-    model, g, texts, exact = setup
-    glob = texts.pooled @ torch.from_numpy(g.index.reconstruct_n(0, len(g))).T  # (N_t, N_i)
-    ranking = rank_captions(model, g, texts, k_prime=3, progress=False)
-    scores = ranking.score_matrix(glob)
-    for row in range(len(texts)):
-        cand = torch.from_numpy(ranking.ids[row])
-        others = torch.ones(len(g), dtype=torch.bool)
-        others[cand] = False
-        torch.testing.assert_close(scores[row, cand], torch.from_numpy(exact[row][cand.numpy()]), atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(scores[row, others] + CANDIDATE_OFFSET, glob[row, others])
-        assert set(cand.tolist()) == set(glob[row].topk(3).indices.tolist())  # the first stage's top 3
-        assert scores[row, others].max() < scores[row, cand].min()
-        assert torch.equal(scores[row].argsort(descending=True, stable=True)[:3], cand)
-
-
-def test_first_stage_recall_counts_captions_and_images():
-    owners = torch.tensor([0, 0, 1, 1, 2])
-    ranking_ids = [np.array([0, 2]), np.array([1]), np.array([2, 0]), np.array([0]), np.array([2])]
-    from mmgeo.search.two_stage import CaptionRanking
-
-    got = CaptionRanking(ranking_ids, [np.zeros(len(i)) for i in ranking_ids], 2).first_stage_recall(owners)
-    assert got == {"text_to_image_first_stage_recall": 2 / 5, "image_to_text_first_stage_recall": 2 / 3}

@@ -6,8 +6,8 @@ import pytest
 import torch
 from PIL import Image
 
-from mmgeo.compositional import CompositionalItem, format_table, run_suite, shapes_items
 from mmgeo.data import ShapesWorld
+from mmgeo.eval.compositional import CompositionalItem, format_table, run_suite, shapes_items
 
 # (image, text) -> score; scoring a text against another image than its own raises KeyError
 SCORES = {

@@ -3,8 +3,8 @@
 import torch
 
 from mmgeo.data import ShapesWorld
-from mmgeo.metrics import text_to_image_ranks
-from mmgeo.retrieval import encode_split, exact_scores
+from mmgeo.eval.metrics import text_to_image_ranks
+from mmgeo.eval.retrieval import encode_split, exact_scores
 
 
 def test_encode_split_follows_the_protocol(tiny_model):

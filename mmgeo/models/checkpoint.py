@@ -22,9 +22,9 @@ from pathlib import Path
 
 import torch
 
-from mmgeo.hub import refused_pickle
 from mmgeo.io import atomic_path
 from mmgeo.models import GeoRetriever, ModelConfig
+from mmgeo.models.hub import refused_pickle
 
 FORMAT, VERSION = "mmgeo", 1
 META_KEY = "mmgeo"  # safetensors metadata: the model record as JSON

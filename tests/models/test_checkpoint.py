@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import mmgeo
-from mmgeo.checkpoint import load_model, save_model
 from mmgeo.data import ShapesWorld
+from mmgeo.models.checkpoint import load_model, save_model
 
 
 def _scores(model):
@@ -32,7 +32,7 @@ def test_preprocessing_travels_with_the_checkpoint(tmp_path, tiny_overrides):
 
 
 def test_lightning_style_checkpoint_loads(tmp_path, tiny_model):
-    from mmgeo.checkpoint import model_record
+    from mmgeo.models.checkpoint import model_record
 
     state = {f"model.{k}": v for k, v in tiny_model.state_dict().items()}
     torch.save({"state_dict": state, "mmgeo": model_record(tiny_model), "global_step": 3}, tmp_path / "last.ckpt")
@@ -69,7 +69,7 @@ class _Payload:
 
 @pytest.mark.parametrize("zipfile", [True, False], ids=["zip", "legacy"])
 def test_malicious_pickle_is_refused_and_runs_nothing(tmp_path, tiny_model, zipfile):
-    from mmgeo.checkpoint import model_record
+    from mmgeo.models.checkpoint import model_record
 
     def evil(name):
         path, marker = tmp_path / f"{name}.pt", tmp_path / f"{name}.marker"
@@ -143,7 +143,7 @@ def test_tied_weights_survive_safetensors(tmp_path, tiny_model):
 def test_partially_overlapping_tensors_are_copied_apart():
     from safetensors.torch import load, save
 
-    from mmgeo.checkpoint import _unshare
+    from mmgeo.models.checkpoint import _unshare
 
     base = torch.arange(6.0).reshape(2, 3)
     tensors, aliases = _unshare({"whole": base, "row": base[1]})
@@ -157,7 +157,7 @@ def test_safetensors_without_our_record_or_of_another_version_is_refused(tmp_pat
 
     from safetensors.torch import save_file
 
-    from mmgeo.checkpoint import model_record
+    from mmgeo.models.checkpoint import model_record
 
     state = {k: v.contiguous() for k, v in tiny_model.state_dict().items()}
     save_file(state, tmp_path / "bare.safetensors")
@@ -186,7 +186,7 @@ def test_eval_reads_a_safetensors_checkpoint(tmp_path, tiny_model):
 
 # --- static guard: no code in the product unpickles blindly ---
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PRODUCT = ["mmgeo", "serve", "benchmarks", "data", "scripts", "train.py", "eval.py"]
 
 
@@ -256,6 +256,6 @@ def test_unsafe_load_checker_passes_safe_calls():
 def test_no_product_code_unpickles_blindly():
     files = [p for entry in PRODUCT for p in ([ROOT / entry] if entry.endswith(".py") else
                                               sorted((ROOT / entry).rglob("*.py")))]
-    assert len(files) > 20 and ROOT / "mmgeo" / "checkpoint.py" in files
+    assert len(files) > 20 and ROOT / "mmgeo" / "models" / "checkpoint.py" in files
     bad = [b for p in files for b in unsafe_loads(p.read_text(), str(p.relative_to(ROOT)))]
     assert bad == []

@@ -52,7 +52,7 @@ def contrastive_loss(model, text, image, global_weight: float = 1.0, local_loss:
     """The retrieval loss over the *global* batch when training on several ranks (open_clip's ClipLoss).
 
     ``text``/``image``: this rank's Embeddings (B local pairs). On one process it is ``retrieval_loss``.
-    On W ranks the features are gathered with gradients (``mmgeo.distributed.gather_embedding``):
+    On W ranks the features are gathered with gradients (``mmgeo.training.distributed.gather_embedding``):
 
     - ``local_loss=False``: every rank scores the full (W·B, W·B) matrix; loss L on each rank. The gather's
       backward sums W copies of dL/d(own features), DDP's gradient average divides by W: exactly dL/dθ of
@@ -68,7 +68,13 @@ def contrastive_loss(model, text, image, global_weight: float = 1.0, local_loss:
 
     Limits: equal local batch sizes; dropout draws differ from a single process (each rank its own masks).
     """
-    from mmgeo.distributed import check_equal_batches, gather_embedding, gather_ragged, global_max, rank_and_world
+    from mmgeo.training.distributed import (
+        check_equal_batches,
+        gather_embedding,
+        gather_ragged,
+        global_max,
+        rank_and_world,
+    )
 
     rank, world = rank_and_world()
     if world == 1:

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mmgeo.losses import retrieval_loss, symmetric_infonce
+from mmgeo.training.losses import retrieval_loss, symmetric_infonce
 
 
 def test_symmetric_infonce_is_the_mean_of_both_directions():

@@ -4,7 +4,7 @@ Every rank encodes its own slice of the global batch; the loss needs every capti
 so features are all-gathered *with gradients*: the backward of the gather sums, over ranks, the gradient
 each rank computed for the features this rank owns (an all-reduce with SUM, then this rank's slice). With
 DDP / FSDP averaging parameter gradients over W ranks, this reproduces the single-process gradient on the
-concatenated batch exactly (docs/design.md §7; proof in ``mmgeo.losses.contrastive_loss``).
+concatenated batch exactly (docs/design.md §7; proof in ``mmgeo.training.losses.contrastive_loss``).
 
 Token and patch tensors are right-padded to the longest sequence over all ranks before gathering (the
 masks mark padding), so ranks may tokenize to different lengths. Local batch sizes must be equal

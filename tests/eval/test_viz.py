@@ -1,9 +1,9 @@
-"""mmgeo.viz: attention maps per word, heatmap and curve PNGs."""
+"""mmgeo.eval.viz: attention maps per word, heatmap and curve PNGs."""
 
 import torch
 
-from mmgeo.checkpoint import save_model
-from mmgeo.viz import attention_maps, main
+from mmgeo.eval.viz import attention_maps, main
+from mmgeo.models.checkpoint import save_model
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

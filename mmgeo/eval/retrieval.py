@@ -1,6 +1,6 @@
 """Exact evaluation of a retrieval split (docs/design.md §6): encode it, then score every (caption, image) pair by the
 model's score — fine for a 1k-image test split. Two-stage evaluation (FAISS top-K' then geometric re-rank) goes
-through the service's search code: ``mmgeo.search.two_stage.rank_captions``.
+through the service's search code: ``mmgeo.eval.two_stage.rank_captions``.
 """
 
 from __future__ import annotations

@@ -48,7 +48,7 @@ class _Step(torch.nn.Module):
         self.model, self.local_loss, self.gather = model, local_loss, gather
 
     def forward(self, input_ids, attention_mask, pixels):
-        from mmgeo.losses import contrastive_loss, retrieval_loss
+        from mmgeo.training.losses import contrastive_loss, retrieval_loss
 
         text, image = self.model(input_ids, attention_mask, pixels)
         if not self.gather:  # the naive DDP loss: each rank's own slice only
@@ -103,7 +103,7 @@ def ddp_results(tmp_path_factory):
 
 def _single(tmp, name):
     import mmgeo
-    from mmgeo.losses import retrieval_loss
+    from mmgeo.training.losses import retrieval_loss
 
     model = mmgeo.load_model(tmp / f"{name}.pt")
     images, texts = _batch()
@@ -139,7 +139,7 @@ def test_without_gather_gradients_differ(ddp_results):
 
 
 def test_single_process_contrastive_loss_is_retrieval_loss(tiny_model):
-    from mmgeo.losses import contrastive_loss, retrieval_loss
+    from mmgeo.training.losses import contrastive_loss, retrieval_loss
 
     images, texts = _batch()
     tok = tiny_model.tokenize(texts)

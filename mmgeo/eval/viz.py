@@ -1,7 +1,7 @@
 """Pictures of attention (docs/design.md, "Diagnostics"): where each caption word looks, and diagnostics over training.
 
-    python -m mmgeo.viz --ckpt runs/synthetic/model.pt --image synthetic:3 --text "a red circle" --out heatmap.png
-    python -m mmgeo.viz curves --run runs/synthetic --out diag.png
+    python -m mmgeo.eval.viz --ckpt runs/synthetic/model.pt --image synthetic:3 --text "a red circle" --out heatmap.png
+    python -m mmgeo.eval.viz curves --run runs/synthetic --out diag.png
 
 The heatmap of word t is softmax_j(<q_t, k_j> / sqrt(d_a)) over the image's patches, averaged over
 heads, upsampled to the image and overlaid. ``--image synthetic:INDEX`` takes a test image of the
@@ -20,8 +20,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from mmgeo.eval.plots import save_figure
 from mmgeo.kernels import attention_weights
-from mmgeo.plots import save_figure
 
 
 def _plt():
@@ -132,20 +132,20 @@ def plot_curves(run: str | Path, out: str | Path) -> Path:
 def main(argv: list[str] | None = None) -> Path:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["curves"]:
-        p = argparse.ArgumentParser(prog="python -m mmgeo.viz curves", description="diagnostics over training")
+        p = argparse.ArgumentParser(prog="python -m mmgeo.eval.viz curves", description="diagnostics over training")
         p.add_argument("--run", required=True, help="run folder with metrics.csv, e.g. runs/synthetic")
         p.add_argument("--out", default="diag.png")
         args = p.parse_args(argv[1:])
         out = plot_curves(args.run, args.out)
     else:
-        p = argparse.ArgumentParser(prog="python -m mmgeo.viz", description=__doc__,
+        p = argparse.ArgumentParser(prog="python -m mmgeo.eval.viz", description=__doc__,
                                     formatter_class=argparse.RawDescriptionHelpFormatter)
         p.add_argument("--ckpt", required=True, help="model.pt from train.py")
         p.add_argument("--image", required=True, help="image file, or synthetic:INDEX (a shapes-world test image)")
         p.add_argument("--text", default=None, help="caption (default for synthetic:INDEX: its first caption)")
         p.add_argument("--out", default="heatmap.png")
         args = p.parse_args(argv)
-        from mmgeo.checkpoint import load_model
+        from mmgeo.models.checkpoint import load_model
 
         model = load_model(args.ckpt)
         image, caption = _load_image(args.image, model)

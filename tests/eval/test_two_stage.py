@@ -1,5 +1,6 @@
 """``eval.py --mode two-stage`` measures the service's search: over a built gallery (``--index``) it ranks like
-``search_texts`` called directly; over a flat gallery with every image a candidate it ranks like exact scoring."""
+``search_texts`` called directly; over a flat gallery with every image a candidate it ranks like exact scoring;
+``rank_captions`` (evaluation) is ``search_texts`` (the service) for every caption."""
 
 import json
 
@@ -8,12 +9,14 @@ import pytest
 import torch
 
 import eval as eval_app
-from mmgeo.data import build_dataset
-from mmgeo.metrics import image_to_text_ranks, retrieval_metrics, text_to_image_ranks
+from mmgeo.data import ShapesWorld, build_dataset
+from mmgeo.eval.metrics import image_to_text_ranks, retrieval_metrics, text_to_image_ranks
+from mmgeo.eval.retrieval import encode_split, exact_scores
+from mmgeo.eval.two_stage import CANDIDATE_OFFSET, CaptionRanking, evaluate_split, rank_captions
 from mmgeo.models import Embedding
-from mmgeo.retrieval import encode_split, exact_scores
+from mmgeo.search.build import build_gallery_from_embedding
 from mmgeo.search.store import Gallery
-from mmgeo.search.two_stage import evaluate_split, search_texts
+from mmgeo.search.two_stage import search_texts
 
 N, K_PRIME = 24, 5
 
@@ -193,3 +196,56 @@ def test_two_stage_over_a_pruned_temporary_gallery(gallery_env, tmp_path, capsys
         with pytest.raises(SystemExit):
             eval_app.main([*common, *extra])
         assert msg in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def ranked(gallery_env):
+    """The tiny model, its gallery of 24 images, their first captions encoded, and every (caption, image) score."""
+    g = Gallery(gallery_env.idx)
+    captions = [ShapesWorld("test", 0, image_size=32)[i][1][0] for i in range(len(g))]
+    texts = gallery_env.model.encode_text(captions)
+    gallery_emb = Embedding(torch.zeros(len(g), 1), torch.from_numpy(np.array(g.keys, np.float32)),
+                            torch.from_numpy(np.array(g.values, np.float32)), torch.from_numpy(np.array(g.mask)))
+    exact = gallery_env.model.score(texts, gallery_emb).numpy()  # (N_text, N_image) geometric, every pair
+    return gallery_env.model, g, texts, exact
+
+
+@pytest.mark.parametrize("index_type", ["flat", "hnsw", "ivfpq"])
+def test_rank_captions_is_the_services_search_for_every_caption(ranked, index_type, tmp_path):
+    model, g, texts, _ = ranked
+    emb = Embedding(torch.from_numpy(g.index.reconstruct_n(0, len(g))), torch.from_numpy(np.array(g.keys)).float(),
+                    torch.from_numpy(np.array(g.values)).float(), torch.from_numpy(np.array(g.mask)))
+    build_gallery_from_embedding(model, emb, tmp_path / "i", index_type=index_type)
+    other = Gallery(tmp_path / "i")
+    assert other.manifest["index_type"] == index_type
+    ranking = rank_captions(model, other, texts, k_prime=6, batch_size=5, progress=False)
+    assert len(ranking.ids) == len(texts) and ranking.k_prime == 6
+    for i in range(len(texts)):
+        ids, scores = search_texts(model, other, texts[i:i + 1], [6], [True], 6)[0]
+        np.testing.assert_array_equal(ranking.ids[i], ids)
+        np.testing.assert_array_equal(ranking.scores[i], scores)
+        assert 0 < len(ids) <= 6
+
+
+def test_score_matrix_puts_the_reranked_candidates_first(ranked):
+    """Candidates keep their re-ranked order on top; every other image keeps its global score, below them."""
+    model, g, texts, exact = ranked
+    glob = texts.pooled @ torch.from_numpy(g.index.reconstruct_n(0, len(g))).T  # (N_t, N_i)
+    ranking = rank_captions(model, g, texts, k_prime=3, progress=False)
+    scores = ranking.score_matrix(glob)
+    for row in range(len(texts)):
+        cand = torch.from_numpy(ranking.ids[row])
+        others = torch.ones(len(g), dtype=torch.bool)
+        others[cand] = False
+        torch.testing.assert_close(scores[row, cand], torch.from_numpy(exact[row][cand.numpy()]), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(scores[row, others] + CANDIDATE_OFFSET, glob[row, others])
+        assert set(cand.tolist()) == set(glob[row].topk(3).indices.tolist())  # the first stage's top 3
+        assert scores[row, others].max() < scores[row, cand].min()
+        assert torch.equal(scores[row].argsort(descending=True, stable=True)[:3], cand)
+
+
+def test_first_stage_recall_counts_captions_and_images():
+    owners = torch.tensor([0, 0, 1, 1, 2])
+    ranking_ids = [np.array([0, 2]), np.array([1]), np.array([2, 0]), np.array([0]), np.array([2])]
+    got = CaptionRanking(ranking_ids, [np.zeros(len(i)) for i in ranking_ids], 2).first_stage_recall(owners)
+    assert got == {"text_to_image_first_stage_recall": 2 / 5, "image_to_text_first_stage_recall": 2 / 3}

@@ -1,4 +1,4 @@
-"""mmgeo.diagnostics on hand-built inputs: known values and the troubleshooting warnings (docs/design.md §8)."""
+"""mmgeo.eval.diagnostics on hand-built inputs: known values and the troubleshooting warnings (docs/design.md §8)."""
 
 import json
 import math
@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from mmgeo.diagnostics import (
+from mmgeo.eval.diagnostics import (
     attention_entropy,
     diagnose,
     diagnose_tensors,
@@ -103,7 +103,7 @@ def test_diagnose_model_is_json_and_scalars(tiny_model):
 
 
 def test_nonfinite_cause_names_each_finding(tiny_model):
-    from mmgeo.diagnostics import nonfinite_cause
+    from mmgeo.eval.diagnostics import nonfinite_cause
 
     tok = tiny_model.tokenize(["a red circle", "a small blue square on the left"])
     pixels = torch.zeros(2, 3, tiny_model.cfg.image_size, tiny_model.cfg.image_size)

@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mmgeo.metrics import NonFiniteScores, image_to_text_ranks, retrieval_metrics, text_to_image_ranks
+from mmgeo.eval.metrics import NonFiniteScores, image_to_text_ranks, retrieval_metrics, text_to_image_ranks
 
 
 def brute_force(scores, owner):
