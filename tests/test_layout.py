@@ -31,8 +31,8 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _sources() -> dict[str, Path]:
-    files = [p for d in ("mmgeo", "serve") for p in (ROOT / d).rglob("*.py")] + [ROOT / f for f in APP_FILES]
+def _sources(dirs: tuple[str, ...] = ("mmgeo", "serve")) -> dict[str, Path]:
+    files = [p for d in dirs for p in (ROOT / d).rglob("*.py")] + [ROOT / f for f in APP_FILES]
     return {_module_name(p): p for p in files}
 
 
@@ -50,8 +50,9 @@ def _imports(path: Path, modules: dict[str, Path]) -> list[tuple[str, list[str]]
 
 
 def test_no_import_cycles():
-    """Every import counts, lazy ones inside functions too: a cycle through a lazy import is still a cycle."""
-    modules = _sources()
+    """Every import counts, lazy ones inside functions too: a cycle through a lazy import is still a cycle.
+    Benchmarks count as the package ``benchmarks`` (``benchmarks.X``)."""
+    modules = _sources(("mmgeo", "serve", "benchmarks"))
     graph = {m: {dep for dep, _ in _imports(p, modules)} - {m} for m, p in modules.items()}
     state: dict[str, int] = {}
     stack: list[str] = []
@@ -124,3 +125,50 @@ def test_design_references_resolve_to_docs_design_md():
             if "§" in line and "docs/design.md §" not in line:
                 bad.append(f"{where}: a § reference that names no document: {line.strip()[:80]}")
     assert not bad, "\n".join(bad)
+
+
+TOP_LEVEL_MODULES = {"__init__.py", "config.py", "io.py"}  # shared by every package (docs/design.md §7)
+
+
+def test_nothing_loose_at_the_top_of_mmgeo():
+    """Every module lives in its package (kernels, layers, models, data, search, eval, training); only what all of
+    them share stays at the top: the config loader and atomic file writing."""
+    loose = {p.name for p in (ROOT / "mmgeo").iterdir() if p.is_file()}
+    assert loose == TOP_LEVEL_MODULES, f"loose at the top of mmgeo/: {sorted(loose - TOP_LEVEL_MODULES)}"
+
+
+def test_search_needs_no_evaluation_code():
+    """mmgeo.search is the service's engine: it never imports mmgeo.eval, and its two-stage search never imports
+    the gallery writers (build); evaluation imports search, not the other way round."""
+    modules = _sources()
+    bad = []
+    for m, path in modules.items():
+        if not m.startswith("mmgeo.search"):
+            continue
+        for dep, _ in _imports(path, modules):
+            if dep.startswith("mmgeo.eval") or (m == "mmgeo.search.two_stage" and dep == "mmgeo.search.build"):
+                bad.append(f"{m} imports {dep}")
+    assert not bad, bad
+
+
+def _is_sys_path(node) -> bool:
+    """``sys.path`` (or ``sys.path[...]``)."""
+    if isinstance(node, ast.Subscript):
+        node = node.value
+    return isinstance(node, ast.Attribute) and node.attr == "path" and isinstance(node.value, ast.Name) \
+        and node.value.id == "sys"
+
+
+def test_nothing_edits_sys_path():
+    """Imports resolve from the installed package and the repository root (``python -m``, pytest's rootdir), never
+    from a path a file pushes onto sys.path: no call on sys.path (insert, append, ...), no assignment to it."""
+    bad = []
+    for path in _code_files():
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = node.targets if isinstance(node, ast.Assign) else \
+                [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
+            edits = any(_is_sys_path(t) for t in targets) or (
+                isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and _is_sys_path(node.func.value))
+            if edits:
+                bad.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not bad, "sys.path edited at " + ", ".join(bad)
