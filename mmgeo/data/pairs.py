@@ -12,6 +12,7 @@ from torch.utils.data import Dataset
 
 from mmgeo.data import build_dataset
 from mmgeo.data.caption_edits import EDIT_KINDS, caption_negatives
+from mmgeo.data.caption_parts import partial_caption
 
 
 def open_split(data, split: str, size: int | None, image_size: int):
@@ -27,16 +28,21 @@ class CaptionPairs(Dataset):
     epoch. ``negatives``: up to ``caption_negatives`` rule-based edits of that caption (NegCLIP-style,
     ``mmgeo.data.caption_edits``; ``vocabulary`` keeps a word-level tokenizer's words). With
     ``hard_negatives`` the image's one-change variant (``dataset.variant(i)``) comes along, so the two
-    sit in the same batch as each other's hardest negative."""
+    sit in the same batch as each other's hardest negative. ``partial_captions``: the share of items whose
+    caption is cut to one or two of its object phrases (``mmgeo.data.caption_parts``) before its negatives
+    are made, so a partial description is a positive and its edits the negatives."""
 
     def __init__(self, dataset, transform, seed: int, hard_negatives: bool = False, caption_negatives: int = 0,
-                 negative_kinds=EDIT_KINDS, vocabulary=None):
+                 negative_kinds=EDIT_KINDS, vocabulary=None, partial_captions: float = 0.0):
+        if not 0.0 <= partial_captions <= 1.0:
+            raise ValueError(f"data.partial_captions={partial_captions} must be a share between 0 and 1")
         if hard_negatives and not hasattr(dataset, "variant"):
             raise ValueError(f"{type(dataset).__name__} cannot make hard-negative variants (only the synthetic "
                              "shapes world can); set data.hard_negatives: false")
         self.dataset, self.transform, self.seed = dataset, transform, seed
         self.hard_negatives, self.caption_negatives = hard_negatives, caption_negatives
         self.negative_kinds, self.vocabulary = tuple(negative_kinds), vocabulary
+        self.partial_captions = partial_captions
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -48,6 +54,8 @@ class CaptionPairs(Dataset):
         pairs = []
         for image, captions in samples:
             caption = captions[rng.integers(len(captions))]
+            if self.partial_captions and rng.random() < self.partial_captions:  # no draw when off: runs replay
+                caption = partial_caption(caption, rng) or caption
             negatives = caption_negatives(caption, rng, self.caption_negatives, self.negative_kinds,
                                           self.vocabulary) if self.caption_negatives else []
             pairs.append((self.transform(image), caption, negatives))

@@ -35,6 +35,14 @@ def encode_split(model: GeoRetriever, dataset, batch_size: int = 256, progress: 
     return EncodedSplit(Embedding.cat(texts), Embedding.cat(images), torch.tensor(owners))
 
 
+def encode_images(model: GeoRetriever, dataset, batch_size: int = 256, progress: bool = True) -> Embedding:
+    """Encode every image of ``dataset`` (``(image, captions)`` items) once, in order."""
+    out = []
+    for start in tqdm(range(0, len(dataset), batch_size), desc="encode images", disable=not progress):
+        out.append(model.encode_image([dataset[i][0] for i in range(start, min(start + batch_size, len(dataset)))]))
+    return Embedding.cat(out)
+
+
 @torch.inference_mode()
 def exact_scores(model: GeoRetriever, texts: Embedding, images: Embedding, mode: str,
                  rows_per_step: int = 500, progress: bool = True) -> torch.Tensor:

@@ -123,7 +123,11 @@ class GeoRetriever(nn.Module):
     def forward_text(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> Embedding:
         mask = attention_mask.bool()  # (B, T)
         h = token_states(self.text_encoder, input_ids, attention_mask)  # (B, T, C); padding read through mask
-        pooled = F.normalize(self.text_global(h[:, 0]), dim=-1)  # [CLS] -> (B, d_g)
+        if self.cfg.global_pool == "mean":  # (B, C): mean over real tokens
+            summary = (h * mask[..., None]).sum(1) / mask.sum(1, keepdim=True).clamp(min=1)
+        else:
+            summary = h[:, 0]  # [CLS]
+        pooled = F.normalize(self.text_global(summary), dim=-1)  # (B, d_g)
         if not self.geometric:
             return Embedding(pooled)
         B, T, _ = h.shape
@@ -139,6 +143,8 @@ class GeoRetriever(nn.Module):
 
     def forward_image(self, pixels: torch.Tensor) -> Embedding:
         tokens, pooled = patch_tokens(self.image_encoder, pixels)  # (B, S, C), (B, C)
+        if self.cfg.global_pool == "mean":
+            pooled = tokens.mean(1)  # (B, C): mean over patches
         pooled = F.normalize(self.image_global(pooled), dim=-1)  # (B, d_g)
         if not self.geometric:
             return Embedding(pooled)

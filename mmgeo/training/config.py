@@ -35,6 +35,8 @@ class DataConfig:
     caption_negatives: int = 0  # rule-based text hard negatives per caption (NegCLIP-style word swaps / replacements /
     # relation flips of the caption itself, mmgeo.data.caption_edits; any dataset), extra negatives of image->text
     negative_kinds: list[str] = field(default_factory=lambda: list(EDIT_KINDS))  # caption edit kinds to draw from
+    partial_captions: float = 0.0  # share of items whose caption is cut to a sub-caption of 1-2 of its object
+    # phrases (mmgeo.data.caption_parts: text rules, any dataset); its caption negatives edit the sub-caption
 
 
 @dataclass
@@ -48,6 +50,8 @@ class OptimConfig:
 @dataclass
 class LossConfig:
     global_weight: float = 1.0  # λ: weight of the global InfoNCE next to the geometric one
+    distill_weight: float = 0.0  # weight of the KL from the geometric score's in-batch softmax to the global one's
+    # (teacher detached; mmgeo.training.losses.distillation): the first stage learns from the re-rank
     local_loss: bool = False  # several ranks: score local captions/images against all (2·B·W·B pairs, not (W·B)²)
 
 

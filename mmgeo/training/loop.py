@@ -59,7 +59,7 @@ def build_loader(cfg: TrainConfig, module: RetrievalModule, train) -> ResumableL
                          f"{per_item} pair(s) per image{' (data.hard_negatives)' if per_item == 2 else ''}")
     vocabulary = module.model.cfg.text_vocab  # a word-level tokenizer: negatives must not bring unknown words
     pairs = CaptionPairs(train, module.model.preprocess, t.seed, cfg.data.hard_negatives, cfg.data.caption_negatives,
-                         cfg.data.negative_kinds, vocabulary)
+                         cfg.data.negative_kinds, vocabulary, cfg.data.partial_captions)
     sampler = ResumableBatchSampler(len(pairs), t.batch_size // per_item, seed=t.seed)
     return ResumableLoader(pairs, batch_sampler=sampler, num_workers=cfg.data.num_workers,
                            collate_fn=Collate(module.model.tokenize))

@@ -23,32 +23,54 @@ def symmetric_infonce(logits: torch.Tensor) -> torch.Tensor:
     return infonce(logits, logits.T)
 
 
-def _combine(terms: dict[str, torch.Tensor], global_weight: float) -> dict[str, torch.Tensor]:
+def distillation(text_side: dict[str, torch.Tensor], image_side: dict[str, torch.Tensor]) -> torch.Tensor:
+    """KL from the geometric score's in-batch distribution to the global score's, rows of both directions, the
+    teacher (geometric) detached: the global vector — the service's first stage — learns which images the
+    geometric score ranks high, not only the one positive (Hinton et al. 2015; docs/design.md §2).
+
+    ``text_side`` (B, N) texts against images, ``image_side`` (B, N') images against texts, each a dict with
+    "geometric" and "global" logits (temperatures already applied)."""
+    kl = [F.kl_div(F.log_softmax(side["global"], 1), F.log_softmax(side["geometric"].detach(), 1),
+                   log_target=True, reduction="batchmean") for side in (text_side, image_side)]
+    return 0.5 * (kl[0] + kl[1])
+
+
+def _loss(text_side: dict[str, torch.Tensor], image_side: dict[str, torch.Tensor], global_weight: float,
+          distill_weight: float = 0.0, offset: int = 0) -> dict[str, torch.Tensor]:
+    """InfoNCE per score on (texts against images, images against texts), combined; plus distillation."""
+    terms = {k: infonce(text_side[k], image_side[k], offset) for k in text_side}
     out = {"loss_global": terms["global"]}
-    if "geometric" in terms:
-        out["loss_geometric"] = terms["geometric"]
-        out["loss"] = terms["geometric"] + global_weight * terms["global"]
-    else:
+    if "geometric" not in terms:
         out["loss"] = terms["global"]
+        return out
+    out["loss_geometric"] = terms["geometric"]
+    out["loss"] = terms["geometric"] + global_weight * terms["global"]
+    if distill_weight:
+        out["loss_distill"] = distillation(text_side, image_side)
+        out["loss"] = out["loss"] + distill_weight * out["loss_distill"]
     return out
 
 
 def retrieval_loss(logits: dict[str, torch.Tensor], global_weight: float = 1.0,
-                   negative_logits: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
-    """docs/design.md §2: InfoNCE on the geometric score + λ · InfoNCE on the global score.
+                   negative_logits: dict[str, torch.Tensor] | None = None,
+                   distill_weight: float = 0.0) -> dict[str, torch.Tensor]:
+    """docs/design.md §2: InfoNCE on the geometric score + λ · InfoNCE on the global score (+ distillation).
 
-    ``logits`` from ``GeoRetriever.logits`` (B, B); returns {"loss", "loss_geometric"?, "loss_global"}.
-    ``negative_logits`` (N_neg, B): extra captions (hard negatives) against the B images; they join the
-    image->text side only, as NegCLIP does (Yuksekgonul et al., ICLR 2023). A global-only model (CLIP
-    baseline) trains on the global term alone, at weight 1.
+    ``logits`` from ``GeoRetriever.logits`` (B, B); returns {"loss", "loss_geometric"?, "loss_global",
+    "loss_distill"?}. ``negative_logits`` (N_neg, B): extra captions (hard negatives) against the B images; they
+    join the image->text side only, as NegCLIP does (Yuksekgonul et al., ICLR 2023). A global-only model (CLIP
+    baseline) trains on the global term alone, at weight 1. ``distill_weight``: weight of ``distillation``.
     """
-    if negative_logits is None:
-        return _combine({k: symmetric_infonce(v) for k, v in logits.items()}, global_weight)
-    return _combine({k: infonce(v, torch.cat([v, negative_logits[k]]).T) for k, v in logits.items()}, global_weight)
+    for v in logits.values():
+        if v.dim() != 2 or v.shape[0] != v.shape[1]:
+            raise ValueError(f"the retrieval loss needs square (B, B) logit matrices, got {tuple(v.shape)}")
+    image_side = {k: (v if negative_logits is None else torch.cat([v, negative_logits[k]])).T
+                  for k, v in logits.items()}
+    return _loss(logits, image_side, global_weight, distill_weight)
 
 
 def contrastive_loss(model, text, image, global_weight: float = 1.0, local_loss: bool = False,
-                     negatives=None) -> dict:
+                     negatives=None, distill_weight: float = 0.0) -> dict:
     """The retrieval loss over the *global* batch when training on several ranks (open_clip's ClipLoss).
 
     ``text``/``image``: this rank's Embeddings (B local pairs). On one process it is ``retrieval_loss``.
@@ -61,6 +83,8 @@ def contrastive_loss(model, text, image, global_weight: float = 1.0, local_loss:
       all W·B captions (2·B·W·B pairs instead of (W·B)², which is what makes the geometric score
       affordable at scale); its loss L_r averages over its B pairs and L = mean_r L_r, so the same
       argument gives dL/dθ again. The returned loss is L_r: average it over ranks to log L.
+
+    ``distill_weight``: the weight of ``distillation`` (global score taught by the geometric one).
 
     ``negatives``: this rank's hard-negative captions (Embedding, any number), added to the image->text side
     (``retrieval_loss``). On several ranks they are gathered like the captions (``gather_ragged``: ranks may
@@ -79,7 +103,7 @@ def contrastive_loss(model, text, image, global_weight: float = 1.0, local_loss:
     rank, world = rank_and_world()
     if world == 1:
         neg = None if negatives is None or len(negatives) == 0 else model.logits(negatives, image)  # (N_neg, B)
-        return retrieval_loss(model.logits(text, image), global_weight, neg)
+        return retrieval_loss(model.logits(text, image), global_weight, neg, distill_weight)
     B = len(text)
     check_equal_batches(B, text.pooled.device)
     all_text, all_image = gather_embedding(text), gather_embedding(image)  # (W·B, ...)
@@ -87,10 +111,10 @@ def contrastive_loss(model, text, image, global_weight: float = 1.0, local_loss:
     all_neg = gather_ragged(negatives) if has_neg else None  # (Σ N_neg, ...) every rank's negatives
     if not local_loss:
         neg = model.logits(all_neg, all_image) if has_neg else None  # (Σ N_neg, W·B)
-        return retrieval_loss(model.logits(all_text, all_image), global_weight, neg)
+        return retrieval_loss(model.logits(all_text, all_image), global_weight, neg, distill_weight)
     text_side = model.logits(text, all_image)  # each (B, W·B): local captions vs all images
     image_side = model.logits(all_text, image)  # each (W·B, B): all captions vs local images
     if has_neg:
         neg = model.logits(all_neg, image)  # (Σ N_neg, B): every negative vs local images
         image_side = {k: torch.cat([v, neg[k]]) for k, v in image_side.items()}
-    return _combine({k: infonce(text_side[k], image_side[k].T, offset=rank * B) for k in text_side}, global_weight)
+    return _loss(text_side, {k: v.T for k, v in image_side.items()}, global_weight, distill_weight, offset=rank * B)

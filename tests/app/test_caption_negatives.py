@@ -38,3 +38,33 @@ def test_training_with_caption_negatives_changes_the_loss(tmp_path):
     plain = _train(tmp_path / "plain", steps=1, extra=["--data.caption_negatives", "0"])
     negs = _train(tmp_path / "negs", steps=1, extra=["--data.caption_negatives", "2"])
     assert np.isfinite(first_loss(negs)) and first_loss(negs) > first_loss(plain)
+
+
+def test_partial_captions_cut_the_caption_before_its_negatives_are_made():
+    """partial_captions=1: every caption of a scene with 2+ objects is a sub-caption of one of its captions, and
+    its negatives edit that sub-caption; 0 (the default) draws exactly what it drew before."""
+    from mmgeo.data.caption_parts import object_phrases
+    from mmgeo.data.shapes_grammar import parse
+
+    world = ShapesWorld("train", size=12, image_size=32)
+    make = lambda share: CaptionPairs(world, lambda im: torch.zeros(3, 32, 32), seed=0, caption_negatives=2,  # noqa: E731
+                                      vocabulary=ShapesWorld.vocabulary(), partial_captions=share)
+    full, cut = make(0.0), make(1.0)
+    assert [full[(i, 0, 0)]["pairs"][0][1:] for i in range(12)] == \
+        [make(0.0)[(i, 0, 0)]["pairs"][0][1:] for i in range(12)]
+    n_cut = 0
+    for i in range(12):
+        (_, caption, negatives), = cut[(i, 0, 0)]["pairs"]
+        if len(world.scene(i)) < 2:
+            assert caption in world[i][1]
+            continue
+        phrases = {p for c in world[i][1] for p in object_phrases(c)}
+        assert set(caption.split(" and ")) <= phrases and caption not in world[i][1]
+        n_cut += 1
+        for neg in negatives:  # an edit of the sub-caption, naming as many objects
+            assert neg != caption and len(neg.split(" and ")) == len(caption.split(" and "))
+        if parse(caption) is not None:
+            assert len(parse(caption).mentions) < len(world.scene(i))
+    assert n_cut >= 8
+    with np.testing.assert_raises(ValueError):
+        make(1.5)

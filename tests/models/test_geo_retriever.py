@@ -143,3 +143,26 @@ def test_length_groups_give_the_one_group_states_and_gradients(tiny_model):
     assert g_grouped.keys() == g_one.keys() and len(g_one) > 10
     for name in g_one:
         torch.testing.assert_close(g_grouped[name], g_one[name], atol=1e-4, rtol=1e-3, msg=name)
+
+
+def test_mean_global_pool_averages_real_tokens_and_patches():
+    """global_pool="mean": the global vector of a caption is the same alone or padded in a batch with a longer one,
+    and the image's is the projected mean of its patch tokens."""
+    from mmgeo.models.towers import patch_tokens
+    from tests.conftest import TINY
+
+    torch.manual_seed(0)
+    model = mmgeo.create_model("geo-tiny", **TINY, global_pool="mean").eval()
+    short, long = "a red circle in the center", "a big red circle in the center and a small blue square at the top"
+    with torch.no_grad():
+        alone, batched = model.encode_text([short]), model.encode_text([short, long])
+        torch.testing.assert_close(alone.pooled[0], batched.pooled[0], atol=1e-5, rtol=1e-5)
+        pixels = torch.randn(2, 3, TINY["image_size"], TINY["image_size"])
+        tokens, _ = patch_tokens(model.image_encoder, pixels)
+        expect = torch.nn.functional.normalize(model.image_global(tokens.mean(1)), dim=-1)
+        torch.testing.assert_close(model.forward_image(pixels).pooled, expect)
+        cls = mmgeo.create_model("geo-tiny", **TINY).eval()
+        cls.load_state_dict(model.state_dict())  # same weights, [CLS] pooling: another vector
+        assert not torch.allclose(cls.encode_text([short]).pooled, alone.pooled)
+    with pytest.raises(ValueError, match="global_pool"):
+        mmgeo.create_model("geo-tiny", **TINY, global_pool="max")

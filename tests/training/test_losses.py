@@ -36,3 +36,31 @@ def test_negatives_for_every_score_of_a_geometric_model():
     torch.testing.assert_close(out["loss"], out["loss_geometric"] + 0.5 * out["loss_global"])
     with pytest.raises(KeyError):
         retrieval_loss(logits, negative_logits={"global": neg["global"]})  # a score without its negatives
+
+
+def test_distillation_is_the_kl_from_the_geometric_to_the_global_softmax():
+    """Both directions, the teacher detached: the geometric logits get no gradient from the distillation term."""
+    g = torch.Generator().manual_seed(3)
+    geo = torch.randn(4, 4, generator=g, requires_grad=True)
+    glob = torch.randn(4, 4, generator=g, requires_grad=True)
+    neg = {"geometric": torch.randn(2, 4, generator=g), "global": torch.randn(2, 4, generator=g)}
+    out = retrieval_loss({"geometric": geo, "global": glob}, negative_logits=neg, distill_weight=0.7)
+
+    def kl(teacher, student):  # rows: sum_j p_j (log p_j - log q_j), mean over rows
+        p = teacher.softmax(1)
+        return (p * (p.log() - student.log_softmax(1))).sum(1).mean()
+
+    expect = 0.5 * (kl(geo, glob) + kl(torch.cat([geo, neg["geometric"]]).T, torch.cat([glob, neg["global"]]).T))
+    torch.testing.assert_close(out["loss_distill"], expect)
+    torch.testing.assert_close(out["loss"], out["loss_geometric"] + out["loss_global"] + 0.7 * expect)
+    (grad_geo,) = torch.autograd.grad(out["loss_distill"], geo, allow_unused=True)
+    assert grad_geo is None  # teacher detached
+    assert "loss_distill" not in retrieval_loss({"geometric": geo, "global": glob})  # off by default
+
+
+def test_distillation_vanishes_when_the_two_scores_agree():
+    from mmgeo.training.losses import distillation
+
+    logits = torch.randn(5, 5, generator=torch.Generator().manual_seed(4))
+    side = {"geometric": logits, "global": logits.clone()}
+    assert float(distillation(side, {k: v.T for k, v in side.items()})) == pytest.approx(0.0, abs=1e-6)

@@ -1,0 +1,89 @@
+"""Sub-captions: a caption cut by rule into its object phrases, so training sees partial descriptions
+(docs/design.md §9).
+
+People search by naming part of a picture ("a purple circle in the top right"), and real captions (Flickr30K,
+COCO) name parts too; a model trained only on captions that name every object learns that any attribute
+identifies the image. ``partial_caption`` keeps one or two object phrases of a caption, a positive for the same
+image; the caption negatives (``mmgeo.data.caption_edits``) then edit that sub-caption, so a replaced colour,
+shape or place of the one named object is the hard negative.
+
+The rules read the caption text only — no parser, no scene graph — so they apply to free text:
+
+    prefix          "there is / are ..." and "two shapes : ..." lose the words before the description
+    split           at ",", ";", "and", "with", "while" when the next word opens a phrase: a determiner
+                    ("a", "the", "two", ...) or a place preposition ("in", "at", "on") — "black and white" stays
+    keep            a piece holds a lexicon noun (``caption_edits.NOUNS``); one without is glued to the one before
+    anaphora        a piece that ends in "it" / "them" ("a blue square below it") refers to another object:
+                    it keeps its words up to its first noun ("a blue square")
+
+Limits: lexical rules: "a man with a hat" gives "a hat", a true but small part of the picture; a clause
+without a determiner after "and" ("a man sits and reads") stays whole.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from mmgeo.data.caption_edits import NOUNS
+
+_SEPARATORS = {",", ";", "and", "with", "while"}
+_OPENERS = {"a", "an", "the", "two", "three", "four", "five", "several", "some", "many", "another", "one",
+            "in", "at", "on"}
+_ANAPHORA = {"it", "them"}
+_PUNCT = re.compile(r"\s*([,;:])\s*")
+
+
+def _words(caption: str) -> list[str]:
+    return _PUNCT.sub(r" \1 ", caption.strip().rstrip(".")).split()
+
+
+def _strip_prefix(words: list[str]) -> list[str]:
+    if ":" in words:
+        words = words[len(words) - words[::-1].index(":"):]
+    if [w.lower() for w in words[:2]] in (["there", "is"], ["there", "are"]):
+        words = words[2:]
+    return words
+
+
+def _noun_at(piece: list[str]) -> int | None:
+    return next((i for i, w in enumerate(piece) if w.lower() in NOUNS), None)
+
+
+def object_phrases(caption: str) -> list[str]:
+    """The caption's object phrases in order (module docstring); one phrase when it names one thing."""
+    words = _strip_prefix(_words(caption))
+    pieces: list[tuple[str | None, list[str]]] = [(None, [])]  # (separator before it, its words)
+    for i, w in enumerate(words):
+        nxt = words[i + 1].lower() if i + 1 < len(words) else ""
+        if w.lower() in _SEPARATORS and nxt in _OPENERS and pieces[-1][1]:
+            pieces.append((w, []))
+        elif w.lower() in _SEPARATORS and not pieces[-1][1] and pieces[-1][0] is not None:
+            pieces[-1] = (f"{pieces[-1][0]} {w}", [])  # ", and a ...": both separators before the piece
+        else:
+            pieces[-1][1].append(w)
+    out: list[list[str]] = []
+    for sep, piece in pieces:
+        if out and _noun_at(piece) is None:
+            out[-1] += [*sep.split(), *piece]  # no noun: not an object phrase of its own, glued back
+        elif piece:
+            out.append(piece)
+    phrases = []
+    for piece in out:
+        noun = _noun_at(piece)
+        if piece[-1].lower() in _ANAPHORA and noun is not None:
+            piece = piece[:noun + 1]  # "a blue square below it" -> "a blue square"
+        phrases.append(" ".join(piece))
+    return [p for p in phrases if p]
+
+
+def partial_caption(caption: str, rng: np.random.Generator, max_objects: int = 2) -> str | None:
+    """A sub-caption: 1..``max_objects`` of the caption's object phrases (fewer than all, in caption order)
+    joined by "and"; None when the caption names fewer than two phrases."""
+    phrases = object_phrases(caption)
+    if len(phrases) < 2:
+        return None
+    k = int(rng.integers(1, min(max_objects, len(phrases) - 1) + 1))
+    keep = np.sort(rng.choice(len(phrases), size=k, replace=False))
+    return " and ".join(phrases[i] for i in keep)

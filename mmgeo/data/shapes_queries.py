@@ -1,0 +1,95 @@
+"""Partial queries over the shapes world: what people type, and every image that answers it (docs/design.md §9).
+
+A caption of the shapes world names every object of its scene, so any part of it identifies the image. People
+search by naming a part: "a big purple circle in the top right". ``make_queries`` draws such queries — one or
+two objects of a scene, each with its size, colour, shape and cell, in the grammar's wording (synonyms and
+three templates) — and ``relevant_images`` finds every image of the split that satisfies one: the grammar's
+parser reads the query (``shapes_grammar.parse``) and ``satisfies`` looks for distinct scene objects, one per
+mentioned object, that hold every stated attribute. Other objects of the image may be anything.
+
+Limits: queries state cells, not relations between objects; a query's relevant set comes from the scene
+graph, which is what makes it an evaluation and never a training signal.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+
+from mmgeo.data.shapes import CELL_PHRASES, SIZE_WORDS, ShapeObject
+from mmgeo.data.shapes_grammar import CELL_OF_PHRASE, Mention, ParsedCaption, parse
+
+QUERY_TEMPLATES = ("list", "there_is", "where_first")  # the grammar's templates a partial query may take
+ATTRIBUTES = ("size", "color", "shape", "cell")  # what a mention states about its object
+
+
+@dataclass(frozen=True)
+class PartialQuery:
+    text: str  # the query as a user would type it
+    source: int  # the image it was drawn from (one of its relevant images)
+    mentions: tuple[Mention, ...]  # the objects it names, each with a cell phrase
+
+
+def _mention(obj: ShapeObject, rng: np.random.Generator) -> Mention:
+    size_word = SIZE_WORDS[obj.size][rng.integers(2)]
+    return Mention(size_word, obj.color, obj.shape, where=CELL_PHRASES[obj.cell][rng.integers(2)])
+
+
+def make_queries(world, n: int, n_objects: int, seed: int = 0) -> list[PartialQuery]:
+    """``n`` queries naming ``n_objects`` (1 or 2) objects of random scenes of ``world`` (a ``ShapesWorld``).
+
+    Deterministic in (seed, n_objects, query number); scenes with fewer objects than asked are passed over.
+    """
+    if n_objects not in (1, 2):
+        raise ValueError(f"n_objects={n_objects}: partial queries name 1 or 2 objects")
+    out = []
+    for q in itertools.count():
+        if len(out) == n:
+            return out
+        if q > 50 * n + 100:
+            raise ValueError(f"could not draw {n} queries of {n_objects} objects from {len(world)} images")
+        rng = np.random.default_rng([seed, n_objects, q])
+        idx = int(rng.integers(len(world)))
+        scene = world.scene(idx)
+        if len(scene) < n_objects:
+            continue
+        objs = [scene[i] for i in rng.choice(len(scene), size=n_objects, replace=False)]
+        template = QUERY_TEMPLATES[rng.integers(len(QUERY_TEMPLATES))]
+        mentions = tuple(_mention(o, rng) for o in objs)
+        out.append(PartialQuery(ParsedCaption(template, mentions).render(), idx, mentions))
+
+
+def _holds(m: Mention, obj: ShapeObject) -> bool:
+    return (m.size, m.color, m.shape, CELL_OF_PHRASE[m.where]) == (obj.size, obj.color, obj.shape, obj.cell)
+
+
+def satisfies(parsed: ParsedCaption, scene: list[ShapeObject]) -> bool:
+    """Whether distinct objects of ``scene``, one per mention, hold every attribute the mention states."""
+    if any(m.where is None for m in parsed.mentions):
+        raise ValueError("partial queries name each object's cell; relations are not supported")
+    k = len(parsed.mentions)
+    return any(all(_holds(m, scene[j]) for m, j in zip(parsed.mentions, perm))
+               for perm in itertools.permutations(range(len(scene)), k))
+
+
+def relevant_images(text: str, scenes: list[list[ShapeObject]]) -> np.ndarray:
+    """Indices of every scene that ``text`` (a partial query in the grammar) is true of, ascending."""
+    parsed = parse(text)
+    if parsed is None or parsed.template not in QUERY_TEMPLATES:
+        raise ValueError(f"not a partial query of the shapes grammar: {text!r}")
+    return np.array([i for i, s in enumerate(scenes) if satisfies(parsed, s)], dtype=np.int64)
+
+
+def wrong_attributes(query: PartialQuery, scene: list[ShapeObject]) -> set[str]:
+    """What a wrong hit gets wrong: for each mention no object holds, the attributes (``ATTRIBUTES``) in which
+    the scene's closest object differs (closest = most attributes right; ties: the first in the scene)."""
+    wrong: set[str] = set()
+    for m in query.mentions:
+        want = (m.size, m.color, m.shape, CELL_OF_PHRASE[m.where])
+        misses = [{a for a, w, h in zip(ATTRIBUTES, want, (o.size, o.color, o.shape, o.cell)) if w != h}
+                  for o in scene]
+        best = min(misses, key=len)
+        wrong |= best
+    return wrong

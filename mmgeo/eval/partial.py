@@ -1,0 +1,133 @@
+"""Partial queries: does a query that names one or two objects find an image that holds them? (docs/design.md §9)
+
+Full-caption R@K hides this: every caption of the shapes world names every object, so any part of it identifies
+its image. Here each query (``mmgeo.data.shapes_queries``) has a relevant *set* — every image of the split the
+query is true of — and a ranking is scored as a search engine is: P@1, P@5, nDCG@10 (binary gains) and mean
+average precision, plus what wrong first hits get wrong (size, colour, shape, cell).
+
+Rankings come from exact scores over the whole split (geometric or global) or from the service's two-stage
+search (``mmgeo.search.two_stage.search_texts``: FAISS top-K' by the global vector, geometric re-rank), where
+AP is computed over the K' returned images (relevant images past them count as missed).
+
+Limits: shapes world only (relevance needs the scene graph); ties in a score are broken by image id.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from mmgeo.data.shapes_queries import ATTRIBUTES, PartialQuery, make_queries, relevant_images, wrong_attributes
+
+QUERY_KINDS = {"one_object": 1, "two_object": 2}  # JSON key -> objects a query names
+METRICS = ("P@1", "P@5", "nDCG@10", "mAP")
+
+
+def average_precision(ranked: np.ndarray, relevant: np.ndarray) -> float:
+    """AP of one ranking (image ids, best first; may be a prefix of the gallery) against the relevant ids."""
+    hits = np.isin(ranked, relevant)  # (L,)
+    if not hits.any():
+        return 0.0
+    precision_at_hits = np.cumsum(hits)[hits] / (np.flatnonzero(hits) + 1)
+    return float(precision_at_hits.sum() / len(relevant))
+
+
+def ndcg(ranked: np.ndarray, relevant: np.ndarray, k: int = 10) -> float:
+    """nDCG@k with binary gains (Järvelin & Kekäläinen 2002)."""
+    discounts = 1.0 / np.log2(np.arange(2, k + 2))  # (k,)
+    gains = np.isin(ranked[:k], relevant).astype(float)
+    ideal = discounts[:min(k, len(relevant))].sum()
+    return float((gains * discounts[:len(gains)]).sum() / ideal)
+
+
+def ranking_metrics(rankings: list[np.ndarray], relevant: list[np.ndarray]) -> dict[str, float]:
+    """Mean P@1, P@5, nDCG@10 and AP over queries; ``rankings[q]`` image ids best first (at least 10)."""
+    if any(len(r) == 0 for r in relevant):
+        raise ValueError("every partial query needs at least one relevant image")
+    p = {k: np.mean([np.isin(r[:k], rel).sum() / k for r, rel in zip(rankings, relevant)]) for k in (1, 5)}
+    return {"P@1": float(p[1]), "P@5": float(p[5]),
+            "nDCG@10": float(np.mean([ndcg(r, rel) for r, rel in zip(rankings, relevant)])),
+            "mAP": float(np.mean([average_precision(r, rel) for r, rel in zip(rankings, relevant)]))}
+
+
+def first_hit_errors(queries: list[PartialQuery], rankings: list[np.ndarray], relevant: list[np.ndarray],
+                     scenes) -> dict:
+    """Of the queries whose first hit is wrong: how many, and the share whose first hit has each attribute wrong."""
+    wrong = [(q, r[0]) for q, r, rel in zip(queries, rankings, relevant) if r[0] not in rel]
+    counts = dict.fromkeys(ATTRIBUTES, 0)
+    for q, top in wrong:
+        for a in wrong_attributes(q, scenes[int(top)]):
+            counts[a] += 1
+    return {"wrong_first_hits": len(wrong),
+            "attribute_wrong": {a: (c / len(wrong) if wrong else 0.0) for a, c in counts.items()}}
+
+
+def exact_rankings(scores: torch.Tensor, depth: int | None = None) -> list[np.ndarray]:
+    """(Q, N) scores -> per query image ids by descending score (stable: ties by image id), ``depth`` long."""
+    order = torch.sort(-scores.float(), dim=1, stable=True).indices[:, :depth]  # (Q, depth)
+    return list(order.numpy())
+
+
+def make_query_sets(world, n: int, seed: int = 0) -> dict[str, tuple[list[PartialQuery], list[np.ndarray]]]:
+    """For each kind of ``QUERY_KINDS``: ``n`` queries over ``world`` and each one's relevant image ids."""
+    scenes = [world.scene(i) for i in range(len(world))]
+    out = {}
+    for kind, n_objects in QUERY_KINDS.items():
+        queries = make_queries(world, n, n_objects, seed)
+        out[kind] = (queries, [relevant_images(q.text, scenes) for q in queries])
+    return out
+
+
+def score_rankings(queries, rankings, relevant, scenes) -> dict:
+    """The record of one query set under one ranking: metrics and the first-hit error breakdown."""
+    return {**ranking_metrics(rankings, relevant), **first_hit_errors(queries, rankings, relevant, scenes)}
+
+
+@torch.inference_mode()
+def evaluate_partial_queries(model, world, images, n: int = 300, seed: int = 0, gallery=None,
+                             k_prime: int = 100, batch_size: int = 256) -> dict:
+    """Partial queries of ``world`` against its encoded ``images`` (an ``Embedding``, one row per image in the
+    world's order): exact geometric and global rankings, and served two-stage over ``gallery`` when given (a
+    ``Gallery`` built from the same images, checked) -> JSON record (``format_table`` prints it)."""
+    from mmgeo.eval.retrieval import exact_scores
+    from mmgeo.search.two_stage import search_texts
+
+    scenes = [world.scene(i) for i in range(len(world))]
+    modes = ["geometric", "global"] if model.geometric else ["global"]
+    record: dict = {"queries": n, "seed": seed, "images": len(world), "k_prime": k_prime if gallery else None}
+    if gallery is not None:
+        gallery.check_images(images)
+    for kind, (queries, relevant) in make_query_sets(world, n, seed).items():
+        texts = model.encode_text([q.text for q in queries])
+        entry = {"relevant_per_query": {"mean": float(np.mean([len(r) for r in relevant])),
+                                        "min": int(min(len(r) for r in relevant))}}
+        for mode in modes:
+            ranked = exact_rankings(exact_scores(model, texts, images, mode, progress=False))
+            entry[f"exact_{mode}"] = score_rankings(queries, ranked, relevant, scenes)
+        if gallery is not None:
+            served = []
+            for start in range(0, len(queries), batch_size):
+                m = min(batch_size, len(queries) - start)
+                served += [ids for ids, _ in search_texts(model, gallery, texts[start:start + m], [k_prime] * m,
+                                                          [model.geometric] * m, k_prime)]
+            entry["served"] = score_rankings(queries, served, relevant, scenes)
+        entry["examples"] = [q.text for q in queries[:3]]
+        record[kind] = entry
+    return record
+
+
+def format_table(record: dict) -> str:
+    """The partial-query record as a text table: one row per (query kind, ranking)."""
+    head = f"{'queries':<12}{'ranking':<18}" + "".join(f"{m:>9}" for m in METRICS) + "   wrong first hits: " + \
+        " / ".join(ATTRIBUTES)
+    lines = [head, "-" * len(head)]
+    for kind in QUERY_KINDS:
+        entry = record.get(kind)
+        for name, r in (entry or {}).items():
+            if not isinstance(r, dict) or "P@1" not in r:
+                continue
+            shares = " / ".join(f"{r['attribute_wrong'][a]:.2f}" for a in ATTRIBUTES)
+            lines.append(f"{kind:<12}{name:<18}" + "".join(f"{r[m]:>9.3f}" for m in METRICS) +
+                         f"   {r['wrong_first_hits']:>4} wrong: {shares}")
+    return "\n".join(lines)
+

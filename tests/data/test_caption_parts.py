@@ -1,0 +1,57 @@
+"""Sub-captions cut by text rules: shapes-world templates and Flickr-style captions."""
+
+import numpy as np
+import pytest
+
+from mmgeo.data.caption_parts import object_phrases, partial_caption
+from mmgeo.data.shapes import ShapesWorld
+from mmgeo.data.shapes_grammar import parse
+
+
+@pytest.mark.parametrize("caption, phrases", [
+    ("a big red circle in the center and a small blue square at the top",
+     ["a big red circle in the center", "a small blue square at the top"]),
+    ("there is a big red circle in the center , a small blue square at the top and a big green diamond on the left",
+     ["a big red circle in the center", "a small blue square at the top", "a big green diamond on the left"]),
+    ("two shapes : a big red circle in the center and a small blue square at the top",
+     ["a big red circle in the center", "a small blue square at the top"]),
+    ("in the top left a small red circle , at the bottom a big blue square",
+     ["in the top left a small red circle", "at the bottom a big blue square"]),
+    ("a big red circle in the center with a small blue square above and to the left of it",
+     ["a big red circle in the center", "a small blue square"]),  # "above ... it" names no object of its own
+    # Flickr-style captions: punctuation attached, capitals, a final period
+    ("A man in a blue shirt and a woman in a red dress are walking down the street.",
+     ["A man in a blue shirt", "a woman in a red dress are walking down the street"]),
+    ("A black and white dog runs with a ball in its mouth.", ["A black and white dog runs", "a ball in its mouth"]),
+    ("There is a little girl on a swing, a boy pushing her.", ["a little girl on a swing", "a boy pushing her"]),
+    ("Two young guys with shaggy hair look at their hands while hanging out in the yard.",
+     ["Two young guys with shaggy hair look at their hands while hanging out in the yard"]),
+    ("A dog runs through the grass, in the sun.", ["A dog runs through the grass , in the sun"]),  # no noun: glued
+])
+def test_object_phrases(caption, phrases):
+    assert object_phrases(caption) == phrases
+
+
+def test_partial_captions_of_the_shapes_world_parse_and_name_fewer_objects():
+    """Every sub-caption of a shapes caption (cells kept) is a sentence of the grammar naming 1-2 of its objects."""
+    world = ShapesWorld("train", image_size=48, size=60)
+    rng = np.random.default_rng(0)
+    seen = 0
+    for i in range(len(world)):
+        for caption in world[i][1]:
+            sub = partial_caption(caption, rng)
+            if len(world.scene(i)) < 2:
+                assert sub is None
+                continue
+            parsed, full = parse(sub), parse(caption)
+            assert sub != caption and 1 <= len(sub.split(" and ")) <= 2
+            if full.template != "relations":  # relation pieces lose their place: not a grammar sentence alone
+                assert parsed is not None and len(parsed.mentions) < len(full.mentions)
+                assert set(parsed.mentions) <= set(full.mentions)
+                seen += 1
+    assert seen > 100
+
+
+def test_a_single_phrase_gives_no_sub_caption():
+    assert partial_caption("a big red circle in the center", np.random.default_rng(0)) is None
+    assert partial_caption("A dog.", np.random.default_rng(0)) is None

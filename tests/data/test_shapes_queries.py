@@ -1,0 +1,85 @@
+"""Partial queries of the shapes world and their relevant sets, checked on hand-made scenes."""
+
+import numpy as np
+import pytest
+
+from mmgeo.data.shapes import ShapeObject, ShapesWorld
+from mmgeo.data.shapes_grammar import parse
+from mmgeo.data.shapes_queries import make_queries, relevant_images, satisfies, wrong_attributes
+
+RED_CIRCLE_TL = ShapeObject("circle", "red", "large", (0, 0))
+BLUE_SQUARE_C = ShapeObject("square", "blue", "small", (1, 1))
+SCENES = [
+    [RED_CIRCLE_TL, BLUE_SQUARE_C],  # 0: both
+    [RED_CIRCLE_TL],  # 1: the circle alone
+    [ShapeObject("square", "red", "large", (0, 0)), BLUE_SQUARE_C],  # 2: a red *square* where the circle was
+    [ShapeObject("circle", "red", "small", (0, 0))],  # 3: small, not big
+    [ShapeObject("circle", "red", "large", (0, 1)), ShapeObject("circle", "green", "large", (2, 2))],  # 4: wrong cell
+    [BLUE_SQUARE_C, ShapeObject("diamond", "yellow", "small", (2, 0)), RED_CIRCLE_TL],  # 5: both, other order, more
+]
+
+
+@pytest.mark.parametrize("text, expect", [
+    ("a big red circle in the top left", [0, 1, 5]),
+    ("a large red circle at the upper left", [0, 1, 5]),  # synonyms
+    ("there is a big red circle in the top left", [0, 1, 5]),
+    ("in the top left a big red circle", [0, 1, 5]),
+    ("a small blue square in the center", [0, 2, 5]),
+    ("a big red circle in the top left and a small blue square in the middle", [0, 5]),
+    ("in the center a little blue square and in the top left a big red circle", [0, 5]),
+    ("a big red square in the top left and a small blue square in the center", [2]),
+    ("a big red circle in the top left and a big red circle in the top left", []),  # two distinct objects needed
+    ("a small yellow diamond in the bottom left", [5]),
+])
+def test_relevant_images_by_hand(text, expect):
+    assert relevant_images(text, SCENES).tolist() == expect
+
+
+def test_relevance_agrees_with_the_grammar_on_full_captions():
+    """A full caption of a scene (list template) is a partial query that scene satisfies, and so is every
+    sub-list of its mentions."""
+    world = ShapesWorld("test", image_size=48, size=40)
+    for i in range(len(world)):
+        for caption in world[i][1]:
+            parsed = parse(caption)
+            if parsed.template not in ("list", "there_is", "where_first"):
+                continue
+            assert satisfies(parsed, world.scene(i))
+            for m in parsed.mentions:
+                assert satisfies(parsed.with_mentions((m,)), world.scene(i))
+
+
+def test_queries_are_true_of_their_source_and_deterministic():
+    world = ShapesWorld("test", image_size=48, size=200)
+    scenes = [world.scene(i) for i in range(len(world))]
+    for n_objects in (1, 2):
+        queries = make_queries(world, 50, n_objects, seed=3)
+        assert queries == make_queries(world, 50, n_objects, seed=3)
+        for q in queries:
+            assert len(parse(q.text).mentions) == n_objects
+            assert q.source in relevant_images(q.text, scenes)
+    assert make_queries(world, 20, 1, seed=3) != make_queries(world, 20, 1, seed=4)
+    with pytest.raises(ValueError, match="1 or 2"):
+        make_queries(world, 5, 3)
+
+
+def test_wrong_attributes_of_a_near_miss():
+    q = make_queries(ShapesWorld("test", image_size=48, size=50), 1, 1)[0]
+    m = q.mentions[0]
+    from mmgeo.data.shapes_grammar import CELL_OF_PHRASE
+
+    same = ShapeObject(m.shape, m.color, m.size, CELL_OF_PHRASE[m.where])
+    other_shape = "circle" if m.shape != "circle" else "square"
+    assert wrong_attributes(q, [same]) == set()
+    assert wrong_attributes(q, [ShapeObject(other_shape, m.color, m.size, same.cell)]) == {"shape"}
+    far = ShapeObject(other_shape, m.color, "small" if m.size == "large" else "large", same.cell)
+    closer = ShapeObject(m.shape, m.color, m.size, (2, 2) if same.cell != (2, 2) else (0, 0))
+    assert wrong_attributes(q, [far, closer]) == {"cell"}  # the closest object decides
+
+
+def test_a_text_outside_the_grammar_is_refused():
+    with pytest.raises(ValueError, match="not a partial query"):
+        relevant_images("a red thing somewhere", SCENES)
+    with pytest.raises(ValueError, match="not a partial query"):
+        relevant_images("one shape : a big red circle in the top left", SCENES)
+    assert np.array_equal(relevant_images("a big green circle in the bottom right", SCENES), [4])
