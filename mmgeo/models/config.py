@@ -44,8 +44,10 @@ class ModelConfig:
     qk_init_gain: float | None = None  # orthogonal init of the Q/K maps' final layers with this gain (paper: 0.1,
     # docs/design.md §8); None = PyTorch's default init
     d_global: int = 128  # dimension of the pooled global vectors (what FAISS indexes)
-    global_pool: str = "cls"  # what the global vectors pool: "cls" ([CLS] token / the ViT's own pooling) or "mean"
-    # (mean over real tokens and over patches: every token has a gradient path from the first step)
+    global_pool: str = "cls"  # what the global vectors pool: "cls" ([CLS] token / the ViT's own pooling), "mean"
+    # (mean over real tokens and over patches) or "values" (geometric models: the mean text value û and the mean
+    # patch value v̂ through one shared-init linear map, so the global score starts as the geometric score with
+    # uniform attention and learns with the values; docs/design.md §2)
     init_temperature_geo: float = 0.03  # initial temperature of the geometric InfoNCE (learnable); the score is a
     # mean of cosines, so its spread is narrow and needs a sharper softmax than CLIP's 0.07
     init_temperature_global: float = 0.07  # initial temperature of the global InfoNCE (learnable)
@@ -54,8 +56,11 @@ class ModelConfig:
     def __post_init__(self):
         if self.score not in ("geometric", "global"):
             raise ValueError(f"score must be 'geometric' or 'global', got {self.score!r}")
-        if self.global_pool not in ("cls", "mean"):
-            raise ValueError(f"global_pool must be 'cls' or 'mean', got {self.global_pool!r}")
+        if self.global_pool not in ("cls", "mean", "values"):
+            raise ValueError(f"global_pool must be 'cls', 'mean' or 'values', got {self.global_pool!r}")
+        if self.global_pool == "values" and self.score != "geometric":
+            raise ValueError("global_pool='values' pools the geometric values; a global-only model has none: "
+                             "use 'cls' or 'mean'")
         if self.image_size % self.patch_size:
             raise ValueError(f"image_size {self.image_size} must be a multiple of patch_size {self.patch_size}")
         if self.image_mean is not None:

@@ -39,6 +39,12 @@ from mmgeo.models.towers import (
 MAX_LOGIT_SCALE = 100.0  # CLIP's clamp on exp(logit_scale)
 
 
+def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int) -> torch.Tensor:
+    """Mean of ``x`` over ``dim`` where ``mask`` (broadcastable to ``x`` without its last axis) is true."""
+    m = mask[..., None].to(x.dtype)
+    return (x * m).sum(dim) / m.sum(dim).clamp(min=1)
+
+
 class GeoRetriever(nn.Module):
     """Dual-tower retrieval model with a geometric (token × patch) score and a global score."""
 
@@ -51,8 +57,13 @@ class GeoRetriever(nn.Module):
         self.cfg = cfg
         self.preprocess = image_transform(cfg)
         image_dim, grid = self.image_encoder.num_features, self.patch_grid
-        self.text_global = nn.Linear(text_dim, cfg.d_global)
-        self.image_global = nn.Linear(image_dim, cfg.d_global)
+        from_values = cfg.global_pool == "values"  # the global vectors pool the values û / v̂ (H·d_e each)
+        self.text_global = nn.Linear(cfg.num_heads * cfg.d_e if from_values else text_dim, cfg.d_global)
+        self.image_global = nn.Linear(cfg.num_heads * cfg.d_e if from_values else image_dim, cfg.d_global)
+        if from_values:  # one orthogonal map for both: <W ū, W v̄> = <ū, v̄> at the start
+            nn.init.orthogonal_(self.text_global.weight)
+            nn.init.zeros_(self.text_global.bias)
+            self.image_global.load_state_dict(self.text_global.state_dict())
         self.logit_scale_global = nn.Parameter(torch.tensor(math.log(1 / cfg.init_temperature_global)))
         self.geometric = cfg.score == "geometric"
         if self.geometric:
@@ -123,11 +134,10 @@ class GeoRetriever(nn.Module):
     def forward_text(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> Embedding:
         mask = attention_mask.bool()  # (B, T)
         h = token_states(self.text_encoder, input_ids, attention_mask)  # (B, T, C); padding read through mask
-        if self.cfg.global_pool == "mean":  # (B, C): mean over real tokens
-            summary = (h * mask[..., None]).sum(1) / mask.sum(1, keepdim=True).clamp(min=1)
-        else:
-            summary = h[:, 0]  # [CLS]
-        pooled = F.normalize(self.text_global(summary), dim=-1)  # (B, d_g)
+        pool = self.cfg.global_pool
+        if pool != "values":
+            summary = masked_mean(h, mask, 1) if pool == "mean" else h[:, 0]  # (B, C): mean of real tokens, or [CLS]
+            pooled = F.normalize(self.text_global(summary), dim=-1)  # (B, d_g)
         if not self.geometric:
             return Embedding(pooled)
         B, T, _ = h.shape
@@ -138,20 +148,24 @@ class GeoRetriever(nn.Module):
         u_real = self.text_value(hw[mask])  # (N, H*d_e): real tokens only
         u = u_real.new_zeros(B, T, u_real.shape[-1])  # (B, T, H*d_e): 0 on padding
         u[mask] = u_real
-        u = u.view(B, T, self.cfg.num_heads, self.cfg.d_e).transpose(1, 2)  # (B, H, T, d_e)
-        return Embedding(pooled, q, F.normalize(u, dim=-1), mask)
+        u = F.normalize(u.view(B, T, self.cfg.num_heads, self.cfg.d_e).transpose(1, 2), dim=-1)  # (B, H, T, d_e)
+        if pool == "values":  # (B, H·d_e): each head's mean value over real tokens
+            pooled = F.normalize(self.text_global(masked_mean(u, mask[:, None], 2).flatten(1)), dim=-1)
+        return Embedding(pooled, q, u, mask)
 
     def forward_image(self, pixels: torch.Tensor) -> Embedding:
         tokens, pooled = patch_tokens(self.image_encoder, pixels)  # (B, S, C), (B, C)
-        if self.cfg.global_pool == "mean":
-            pooled = tokens.mean(1)  # (B, C): mean over patches
-        pooled = F.normalize(self.image_global(pooled), dim=-1)  # (B, d_g)
+        pool = self.cfg.global_pool
+        if pool != "values":
+            pooled = F.normalize(self.image_global(tokens.mean(1) if pool == "mean" else pooled), dim=-1)  # (B, d_g)
         if not self.geometric:
             return Embedding(pooled)
         k = self.key_head(tokens)  # (B, H, S, d_a)
         if self.lowrank is not None:
             k = self.lowrank(k)
         v = F.normalize(self.value_proj(tokens), dim=-1)  # (B, H, S, d_e)
+        if pool == "values":  # (B, H·d_e): each head's mean patch value
+            pooled = F.normalize(self.image_global(v.mean(2).flatten(1)), dim=-1)
         mask = torch.ones(tokens.shape[:2], dtype=torch.bool, device=tokens.device)  # (B, S)
         return Embedding(pooled, k, v, mask)
 

@@ -166,3 +166,22 @@ def test_mean_global_pool_averages_real_tokens_and_patches():
         assert not torch.allclose(cls.encode_text([short]).pooled, alone.pooled)
     with pytest.raises(ValueError, match="global_pool"):
         mmgeo.create_model("geo-tiny", **TINY, global_pool="max")
+
+
+def test_values_global_pool_starts_as_the_uniform_attention_score():
+    """global_pool="values": at init the global score is the cosine of the mean text value and the mean patch value
+    (one orthogonal map for both), i.e. the geometric score's values under uniform attention, normalised."""
+    from tests.conftest import TINY
+
+    torch.manual_seed(0)
+    model = mmgeo.create_model("geo-tiny", **TINY, global_pool="values").eval()
+    texts = ["a big red circle in the center", "a small blue square at the top and a red circle on the left"]
+    with torch.no_grad():
+        t = model.encode_text(texts)
+        i = model.forward_image(torch.randn(3, 3, TINY["image_size"], TINY["image_size"]))
+        u_bar = torch.stack([t.value[b][:, t.mask[b]].mean(1).flatten() for b in range(2)])  # (2, H·d_e)
+        v_bar = i.value.mean(2).flatten(1)  # (3, H·d_e)
+        expect = torch.nn.functional.normalize(u_bar, dim=-1) @ torch.nn.functional.normalize(v_bar, dim=-1).T
+        torch.testing.assert_close(model.score(t, i, "global"), expect, atol=1e-5, rtol=1e-4)
+    with pytest.raises(ValueError, match="global-only"):
+        mmgeo.create_model("clip-tiny", **TINY, global_pool="values")
