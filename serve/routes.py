@@ -1,0 +1,170 @@
+"""The service's endpoints, added to an app by ``serve.app.create_app`` in this order (the OpenAPI document's):
+POST /search and POST /search/image (``add_search_routes``), GET /images/{id} and GET /explain
+(``add_image_routes``), GET /health, GET /metrics and GET / (``add_info_routes``).
+
+Every route declares every status it can answer with (``error_responses``); the request limits (``Limits``) are
+schema constraints, checked again by the handlers (``check_query``).
+"""
+
+import asyncio
+import mimetypes
+import re
+from pathlib import Path
+from typing import Annotated
+
+from fastapi import FastAPI, File, Query, UploadFile
+from fastapi import Path as PathParam
+from fastapi.responses import FileResponse, HTMLResponse, PlainTextResponse, Response
+from pydantic import BaseModel, Field
+
+from mmgeo.data.images import open_image
+from mmgeo.search.store import Gallery
+from serve.api import (
+    BINARY,
+    JSON_BODY_LIMIT,
+    NOT_BLANK,
+    ApiError,
+    HealthResponse,
+    ImageSearchResponse,
+    Limits,
+    SearchResponse,
+    check_query,
+    error_responses,
+    result_rows,
+)
+from serve.batching import MicroBatcher
+from serve.errors import decode_upload
+from serve.metrics import Metrics
+
+PAGE = Path(__file__).with_name("page.html")
+
+
+def upload_limit(limits: Limits) -> str:
+    return f"{limits.max_upload_bytes} bytes and {limits.max_image_pixels} pixels"
+
+
+def description(limits: Limits) -> str:
+    """The app's description in the OpenAPI document: what it does and its limits."""
+    return ("Text -> image search: FAISS on global vectors, geometric re-rank.\n\n"
+            f"Limits: query text 1..{limits.max_text_chars} characters, not only whitespace; k 1..{limits.max_k}; "
+            f"JSON bodies (and any request but an upload) {JSON_BODY_LIMIT} bytes; uploads {upload_limit(limits)}. "
+            "A body over its limit is refused with 413 before it is read. Every error is JSON: {\"error\": \"...\"}, "
+            "plus request_id on a 500.")
+
+
+def add_search_routes(app: FastAPI, gallery: Gallery, model, batcher: MicroBatcher, limits: Limits) -> None:
+    """POST /search (text queries, micro-batched by ``batcher``) and POST /search/image (an uploaded image)."""
+
+    class SearchRequest(BaseModel):
+        """A text query; the limits are this app's ``Limits``."""
+
+        text: str = Field(min_length=1, max_length=limits.max_text_chars, pattern=NOT_BLANK,
+                          description="caption-like query, e.g. 'a red circle on the left'")
+        k: int = Field(10, ge=1, le=limits.max_k, strict=True, description="results to return (a JSON integer)")
+        rerank: bool = Field(True, strict=True,
+                             description=f"re-rank the FAISS top K' ({limits.k_prime}) by the geometric score")
+
+    @app.post("/search", summary="Text -> ranked images", responses={
+        200: {"model": SearchResponse},
+        **error_responses(400, 422, s400="malformed JSON body",
+                          s422=f"invalid body: text empty or over {limits.max_text_chars} characters, k outside "
+                               f"1..{limits.max_k}, a field missing or of the wrong type")})
+    async def search(req: SearchRequest):
+        check_query(req.text, req.k, limits)
+        body = await batcher.submit((req.text, req.k, req.rerank))  # batched with concurrent queries
+        if isinstance(body, ValueError):
+            raise body  # this query's answer only (the 500 handler logs it)
+        return Response(body, media_type="application/json")  # rendered in the batch (SearchResponse's shape)
+
+    uploads = upload_limit(limits)
+
+    @app.post("/search/image", summary="Image upload -> similar images (global vectors)",
+              description=f"Uploads are limited to {uploads}; over either, the answer is 413.",
+              responses={200: {"model": ImageSearchResponse},
+                         **error_responses(400, 422, body_limit=limits.max_upload_bytes,
+                                           s400="empty upload, not a readable image, or malformed multipart body",
+                                           s413=f"upload over {limits.max_upload_bytes} bytes, or an image over "
+                                                f"{limits.max_image_pixels} pixels (decompression-bomb guard)",
+                                           s422=f"no file, or k outside 1..{limits.max_k}")})
+    async def search_image(file: Annotated[UploadFile, File(description=f"image file, at most {uploads}")],
+                           k: int = Query(10, ge=1, le=limits.max_k, description="results to return")):
+        check_query(None, k, limits)
+        data = await file.read(limits.max_upload_bytes + 1)
+        if len(data) > limits.max_upload_bytes:
+            raise ApiError(413, f"upload is over the limit of {limits.max_upload_bytes} bytes")
+        if not data:
+            raise ApiError(400, "upload is empty: send an image file in the 'file' field")
+        im = await asyncio.to_thread(decode_upload, data, limits.max_image_pixels)
+        emb = await asyncio.to_thread(model.encode_image, [im])
+        q = emb.pooled.float().cpu().numpy()  # (1, d_g)
+        scores, ids = await asyncio.to_thread(gallery.index.search, q, min(k, gallery.count))
+        keep = ids[0] >= 0
+        return {"results": result_rows(ids[0][keep], scores[0][keep])}
+
+
+def image_id(raw: str, gallery: Gallery) -> int:
+    """A path or query parameter -> an id of ``gallery``; ApiError 400 (not an integer) or 404 (unknown)."""
+    if not re.fullmatch(r"[0-9]{1,12}", raw):
+        raise ApiError(400, f"image id must be a non-negative integer from the index, got {raw[:80]!r}")
+    i = int(raw)
+    if i >= gallery.count:
+        raise ApiError(404, f"unknown image id {i}: the index holds ids 0..{gallery.count - 1}")
+    return i
+
+
+def add_image_routes(app: FastAPI, gallery: Gallery, model, limits: Limits) -> None:
+    """GET /images/{id} (the indexed image file) and GET /explain (where each caption word looks in it)."""
+
+    @app.get("/images/{raw_id:path}", summary="The image file of an index id", response_class=Response,
+             responses={200: {"description": "the image file, of its own type", "content": {
+                            "image/*": BINARY, "application/octet-stream": BINARY}},
+                        **error_responses(400, 404, s400="not an integer id (never a path)",
+                                          s404="unknown id, or its file is no longer on disk")})
+    async def get_image(raw_id: str = PathParam(description="integer id from the index, 0..images-1")):
+        i = image_id(raw_id, gallery)
+        path = gallery.image_path(i)
+        if not path.is_file():
+            raise ApiError(404, f"image {i}'s file is no longer on disk ({gallery.meta[i]['path']})")
+        return FileResponse(path, media_type=mimetypes.guess_type(path.name)[0] or "application/octet-stream")
+
+    @app.get("/explain", summary="PNG heatmap: where each caption word looks in an image", response_class=Response,
+             responses={200: {"description": "PNG, one panel per caption token", "content": {"image/png": BINARY}},
+                        **error_responses(400, 404, 422, s400="id is not an integer", s404="unknown image id",
+                                          s422=f"text missing, empty or over {limits.max_text_chars} characters")})
+    async def explain(id: str = Query(..., description="image id (integer from the index)"),
+                      text: str = Query(..., min_length=1, max_length=limits.max_text_chars, pattern=NOT_BLANK,
+                                        description="caption-like text")):
+        from serve.explain import explain_png
+
+        i = image_id(id, gallery)
+        check_query(text, None, limits)
+        path = gallery.image_path(i)
+        im = await asyncio.to_thread(open_image, path) if path.is_file() else None
+        png = await asyncio.to_thread(explain_png, model, gallery, i, text, im)
+        return Response(png, media_type="image/png")
+
+
+def add_info_routes(app: FastAPI, gallery: Gallery, batcher: MicroBatcher, metrics: Metrics) -> None:
+    """GET /health, GET /metrics (Prometheus) and GET / (the web page)."""
+
+    @app.get("/health", summary="Status and index size",
+             responses={200: {"model": HealthResponse}, **error_responses()})
+    async def health():
+        return {"status": "ok", "images": gallery.count, "index_type": gallery.manifest["index_type"],
+                "skipped_at_build": gallery.manifest["skipped"]["count"], "codec": gallery.codec,
+                "store_bytes_per_image": gallery.store.get("bytes_per_image", 0)}
+
+    @app.get("/metrics", summary="Prometheus text format", response_class=Response, responses={
+        200: {"description": "text exposition format 0.0.4", "content": {"text/plain": {"schema": {"type": "string"}}}},
+        **error_responses()})
+    async def get_metrics():
+        body = metrics.render({
+            "mmgeo_index_images": ("Images in the loaded index.", gallery.count),
+            "mmgeo_text_batches_total": ("Micro-batches of query encodings run.", batcher.batches),
+            "mmgeo_text_batched_queries_total": ("Queries encoded in micro-batches.", batcher.items)})
+        return PlainTextResponse(body, media_type="text/plain; version=0.0.4")
+
+    @app.get("/", summary="The web page (search box)", response_class=Response, responses={
+        200: {"description": "HTML", "content": {"text/html": {"schema": {"type": "string"}}}}, **error_responses()})
+    async def page():
+        return HTMLResponse(PAGE.read_text())
