@@ -33,12 +33,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
 import torch
 
+from mmgeo.config import CliParser, run_cli
 from mmgeo.data import MAX_PIXELS, build_dataset
 from mmgeo.eval.diagnostics import diagnose
 from mmgeo.eval.metrics import DEFAULT_KS, NonFiniteScores, image_to_text_ranks, retrieval_metrics, text_to_image_ranks
@@ -213,7 +213,7 @@ def evaluate(args) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = CliParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     which = p.add_mutually_exclusive_group()
     which.add_argument("--ckpt", help="model.pt from train.py (or a Lightning .ckpt of ours)")
     which.add_argument("--model", help="openclip:ARCH[/TAG], e.g. openclip:ViT-B-32/laion2b_s34b_b79k (zero-shot)")
@@ -324,4 +324,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    run_cli(main)

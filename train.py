@@ -13,9 +13,9 @@ holds a run (model.pt, step checkpoints or metrics.csv) is refused unless --resu
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
+from mmgeo.config import run_cli
 from mmgeo.training import loop
 
 
@@ -25,4 +25,4 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> Path:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    run_cli(main)

@@ -6,16 +6,27 @@ nested dataclasses, checks every key and type, and names the offending key and t
 Two schema helpers: ``Annotated[dict, FieldsOf(SomeDataclass)]`` types a mapping of some of that dataclass's
 fields (overrides), each value checked against its field's type; a dataclass's ``MOVED`` class attribute
 (``{"old_key": "where it lives now"}``) turns a removed key into an error that names its new place.
+
+The command lines' one error style (train.py, eval.py, ``python -m serve``, ``python -m mmgeo.eval.viz``):
+``run_cli(main)`` ends a user's mistake (a missing file, a damaged checkpoint, a bad flag or config value) in one
+line ``error: ...`` on stderr and exit status 2, and an unexpected error (a bug) in one line naming its type, exit
+status 1; with ``--debug`` or ``MMGEO_DEBUG=1`` the traceback comes first. ``CliParser``: argparse whose usage
+errors are that same one line.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import difflib
+import os
+import sys
+import traceback
 import types
 import typing
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import yaml
 
@@ -156,3 +167,92 @@ def load_config(cls, path: str | Path | None = None, overrides: list[str] | None
 
 def to_dict(cfg) -> dict:
     return dataclasses.asdict(cfg)
+
+
+DEBUG_ENV = "MMGEO_DEBUG"  # MMGEO_DEBUG=1 (or --debug): an error shows its traceback
+USER_ERROR = 2  # exit status of a user's mistake (argparse's own)
+INTERNAL_ERROR = 1  # exit status of an unexpected error
+FILE_ERRORS = (FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError, PermissionError)
+PROJECT_PACKAGES = {"mmgeo", "serve"}
+
+
+class CliParser(argparse.ArgumentParser):
+    """argparse with the project's error style: a usage error is one line ``error: ...`` on stderr, exit status 2
+    (no usage block), and ``--debug`` (taken off the command line by ``run_cli``) is listed in ``--help``."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.add_argument("--debug", action="store_true", help=f"show the traceback of an error (or {DEBUG_ENV}=1)")
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(USER_ERROR, f"error: {message} (see {self.prog} --help)\n")
+
+
+def _raised_in(err: BaseException, roots: list[Path]) -> bool:
+    """Whether the innermost frame of ``err``'s traceback is a file under ``roots`` (not an installed package)."""
+    tb = err.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is None:
+        return False
+    path = Path(tb.tb_frame.f_code.co_filename).resolve()
+    return not {"site-packages", "dist-packages"} & set(path.parts) and any(path.is_relative_to(r) for r in roots)
+
+
+def is_user_error(err: BaseException, roots: list[Path] | None = None) -> bool:
+    """A user's mistake, to be reported in one line: a file missing (or a folder where a file belongs, ...); an
+    error type of this project (``ConfigError``, ``GalleryError``, ``UnsafeWeightsError``, ``MissingDownloadError``,
+    ``NonFiniteScores``, ...); or a ValueError the project's own code raised with its message (``roots``: the
+    project's source folders; default: mmgeo's). Anything else — a ValueError from inside a library included — is
+    unexpected: a bug."""
+    if isinstance(err, FILE_ERRORS) or type(err).__module__.split(".")[0] in PROJECT_PACKAGES:
+        return True
+    return isinstance(err, ValueError) and _raised_in(err, roots or [Path(__file__).resolve().parent])
+
+
+def _message(err: BaseException) -> str:
+    if isinstance(err, OSError) and err.strerror and err.filename and str(err).startswith("[Errno"):
+        return f"{err.filename}: {err.strerror}"  # open()'s own error, without the errno
+    return str(err) or type(err).__name__
+
+
+def call_cli(main: Callable[[list[str]], Any], argv: list[str] | None = None) -> int:
+    """Run ``main(argv)`` (default: ``sys.argv[1:]`` less ``--debug``) -> the exit status: ``main``'s if it returns
+    an int, else 0; 2 for a user's mistake, reported as one line ``error: <message>`` on stderr (``SystemExit("...")``
+    raised with a message, ``is_user_error``); 1 for an unexpected error, one line naming its type and how to see
+    the traceback; 130 when interrupted. With ``--debug`` or ``MMGEO_DEBUG=1`` the traceback is printed before
+    that line. ``SystemExit`` with a status (argparse's usage errors, ``--help``) passes through."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    end = argv.index("--") if "--" in argv else len(argv)
+    debug = "--debug" in argv[:end] or os.environ.get(DEBUG_ENV, "") not in ("", "0")
+    argv = [a for i, a in enumerate(argv) if i >= end or a != "--debug"]
+    module = sys.modules.get(getattr(main, "__module__", ""), None)
+    roots = [Path(__file__).resolve().parent] + (
+        [Path(module.__file__).resolve().parent] if getattr(module, "__file__", None) else [])
+    try:
+        status = main(argv)
+    except SystemExit as err:
+        if err.code is None or isinstance(err.code, int):
+            raise
+        return _report(err, str(err.code), USER_ERROR, debug)
+    except KeyboardInterrupt as err:
+        return _report(err, "interrupted", 130, debug)
+    except Exception as err:  # noqa: BLE001 — every error ends in one line (and a status) unless debugging
+        if is_user_error(err, roots):
+            return _report(err, _message(err), USER_ERROR, debug)
+        hint = "" if debug else f" (an unexpected error; rerun with {DEBUG_ENV}=1 or --debug for the traceback)"
+        return _report(err, f"{type(err).__name__}: {_message(err).splitlines()[0]}{hint}", INTERNAL_ERROR, debug)
+    return status if isinstance(status, int) and not isinstance(status, bool) else 0
+
+
+def _report(err: BaseException, message: str, status: int, debug: bool) -> int:
+    sys.stdout.flush()
+    if debug:
+        traceback.print_exception(type(err), err, err.__traceback__, file=sys.stderr)
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    return status
+
+
+def run_cli(main: Callable[[list[str]], Any], argv: list[str] | None = None) -> NoReturn:
+    """An entry point's ``if __name__ == "__main__":``: exit with ``call_cli(main, argv)``."""
+    sys.exit(call_cli(main, argv))

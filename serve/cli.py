@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 import sys
 
+from mmgeo.config import CliParser, call_cli
 from mmgeo.search.codecs import CODECS, TRAIN_IMAGES
 from mmgeo.search.faiss_index import INDEX_TYPES
 
 
 def parse(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m serve", description=__doc__)
+    p = CliParser(prog="python -m serve", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="encode images into an index directory (atomic: temp dir, then rename)")
     b.add_argument("--ckpt", required=True, help="model checkpoint (model.pt from train.py)")
@@ -161,10 +162,12 @@ def run(args) -> int:
     return 0
 
 
-def main(argv=None) -> int:
+def command(argv: list[str]) -> int:
     args = parse(argv)
-    try:
-        return build(args) if args.command == "build" else run(args)
-    except (FileNotFoundError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    return build(args) if args.command == "build" else run(args)
+
+
+def main(argv=None) -> int:
+    """The exit status of the command line ``argv``: a user's mistake is one line ``error: ...`` on stderr and
+    status 2 (``mmgeo.config.call_cli``; ``--debug`` or MMGEO_DEBUG=1 shows the traceback)."""
+    return call_cli(command, argv)

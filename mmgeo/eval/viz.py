@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from mmgeo.config import CliParser, run_cli
 from mmgeo.eval.plots import save_figure
 from mmgeo.kernels import attention_weights
 
@@ -65,14 +66,20 @@ def _load_image(spec: str, model):
     if spec.startswith("synthetic:"):
         from mmgeo.data import build_dataset
 
-        idx = int(spec.split(":", 1)[1])
+        idx = spec.split(":", 1)[1]
+        if not idx.isdigit():
+            raise ValueError(f"--image {spec!r}: INDEX of synthetic:INDEX must be a non-negative integer")
+        idx = int(idx)
         image, captions = build_dataset("synthetic", "test", image_size=model.cfg.image_size, size=idx + 1)[idx]
         return image, captions[0]
-    from PIL import Image
+    from mmgeo.data.images import open_image
 
     if not Path(spec).is_file():
         raise FileNotFoundError(f"image {spec!r} does not exist; pass a file or synthetic:INDEX (e.g. synthetic:0)")
-    return Image.open(spec).convert("RGB"), None
+    try:
+        return open_image(spec), None
+    except (OSError, ValueError, SyntaxError) as err:  # PIL's errors for a file it cannot read
+        raise ValueError(f"image {spec!r} is not a readable image ({type(err).__name__}: {err})") from err
 
 
 def plot_heatmaps(image, words: list[str], maps: torch.Tensor, out: str | Path, title: str = "") -> Path:
@@ -132,14 +139,14 @@ def plot_curves(run: str | Path, out: str | Path) -> Path:
 def main(argv: list[str] | None = None) -> Path:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["curves"]:
-        p = argparse.ArgumentParser(prog="python -m mmgeo.eval.viz curves", description="diagnostics over training")
+        p = CliParser(prog="python -m mmgeo.eval.viz curves", description="diagnostics over training")
         p.add_argument("--run", required=True, help="run folder with metrics.csv, e.g. runs/synthetic")
         p.add_argument("--out", default="diag.png")
         args = p.parse_args(argv[1:])
         out = plot_curves(args.run, args.out)
     else:
-        p = argparse.ArgumentParser(prog="python -m mmgeo.eval.viz", description=__doc__,
-                                    formatter_class=argparse.RawDescriptionHelpFormatter)
+        p = CliParser(prog="python -m mmgeo.eval.viz", description=__doc__,
+                      formatter_class=argparse.RawDescriptionHelpFormatter)
         p.add_argument("--ckpt", required=True, help="model.pt from train.py")
         p.add_argument("--image", required=True, help="image file, or synthetic:INDEX (a shapes-world test image)")
         p.add_argument("--text", default=None, help="caption (default for synthetic:INDEX: its first caption)")
@@ -160,4 +167,4 @@ def main(argv: list[str] | None = None) -> Path:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

@@ -14,6 +14,7 @@ import argparse
 import os
 import shutil
 import time
+import zipfile
 from pathlib import Path
 
 import lightning as L
@@ -21,7 +22,7 @@ import torch
 import yaml
 from torch.utils.data import DataLoader
 
-from mmgeo.config import to_dict
+from mmgeo.config import CliParser, to_dict
 from mmgeo.data.pairs import CaptionPairs, Collate, open_split
 from mmgeo.data.sampler import ResumableBatchSampler, SampleLog
 from mmgeo.models.checkpoint import save_model
@@ -104,6 +105,9 @@ def resume_checkpoint(run_dir: Path, resume: str | None) -> Path | None:
     ckpt = None if resume is None else latest_checkpoint(run_dir) if resume == "last" else Path(resume)
     if ckpt is not None and not ckpt.is_file():
         raise SystemExit(f"--resume: checkpoint {ckpt} does not exist")
+    if ckpt is not None and not zipfile.is_zipfile(ckpt):  # torch.save's archive: its directory is at the end
+        raise SystemExit(f"--resume: {ckpt} is not a step checkpoint (not a torch archive: damaged, truncated, or "
+                         "another kind of file); resume from one of the run's checkpoints/step=*.ckpt")
     return ckpt
 
 
@@ -182,7 +186,7 @@ def fit(cfg: TrainConfig, resume: str | None = None, callbacks: list | None = No
 def parse_args(argv: list[str] | None = None, description: str | None = None) -> tuple[TrainConfig, str | None, bool]:
     """train.py's command line -> (config, resume, overwrite): ``--config YAML``, ``--resume [CKPT]``,
     ``--overwrite``, dotted overrides."""
-    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CliParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True, help="YAML file (see configs/)")
     again = parser.add_mutually_exclusive_group()
     again.add_argument("--resume", nargs="?", const="last", default=None, metavar="CKPT",
