@@ -8,6 +8,7 @@
     python eval.py --ckpt runs/flickr30k_geo/model.pt --data flickr30k --data-root data/flickr30k [--data-format hf]
     python eval.py --ckpt runs/synthetic/model.pt --suite compositional [--limit 200]      # or --suite all
     python eval.py --ckpt M --suite compositional --data sugarcrepe --data-root JSON_DIR --image-root IMG_DIR
+    python eval.py --ckpt runs/synthetic/model.pt --suite partial [--index INDEX_DIR] [--partial-queries 300]
 
 --model openclip:ARCH[/TAG] evaluates any open_clip model zero-shot (global score; no TAG = random init).
 
@@ -27,6 +28,10 @@ mmgeo.eval.diagnostics); --plot draws the recall@K curves.
 (mmgeo.eval.compositional): true caption vs minimally edited caption on the same image, accuracy per edit type,
 under "compositional" —
 on the shapes world (negatives generated from, and checked against, the scene) or on SugarCREPE.
+
+--suite partial (also in all) asks what people type: queries naming one or two objects of a shapes-world scene,
+each scored against every image it is true of (P@1, P@5, nDCG@10, mAP; mmgeo.eval.partial), ranked exactly by the
+geometric and by the global score, and served (two-stage) over --index or a temporary gallery in two-stage mode.
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ from mmgeo.data import MAX_PIXELS, build_dataset
 from mmgeo.eval.diagnostics import diagnose
 from mmgeo.eval.metrics import DEFAULT_KS, NonFiniteScores, image_to_text_ranks, retrieval_metrics, text_to_image_ranks
 from mmgeo.eval.plots import plot_recall_curves
-from mmgeo.eval.retrieval import encode_split, exact_scores
+from mmgeo.eval.retrieval import encode_images, encode_split, exact_scores
 from mmgeo.models.checkpoint import load_model
 from mmgeo.search.codecs import CODECS
 from mmgeo.search.faiss_index import INDEX_TYPES
@@ -145,6 +150,8 @@ def evaluate(args) -> dict:
         return {"dataset": args.data, "split": None if args.data == "sugarcrepe" else args.split,
                 "model": name, "score": model.default_mode,
                 "task": "compositional", "compositional": evaluate_compositional(args, model)}
+    if suite == "partial":
+        return evaluate_partial_only(args, model, name, gallery, device)
     mode = args.mode or ("two-stage" if gallery is not None else "exact")
     if mode == "two-stage" and not model.geometric:
         raise SystemExit("two-stage re-ranks with the geometric score, which this model (score='global') lacks; "
@@ -207,9 +214,55 @@ def evaluate(args) -> dict:
     result["timing_s"] = {"encode": round(encode_s, 2), "score": round(score_s, 2),  # every pair, or two-stage search
                           "metrics_diagnostics": round(time.time() - start - encode_s - score_s, 2)}
     if suite == "all":
-        result["task"] = "retrieval+compositional"
+        result["task"] = "retrieval+compositional+partial"
         result["compositional"] = evaluate_compositional(args, model)
+        result["partial_queries"] = evaluate_partial(args, model, dataset, split.images, gallery, mode)
     return result
+
+
+def evaluate_partial(args, model, world, images, gallery, mode: str) -> dict:
+    """Partial queries (mmgeo.eval.partial): exact rankings, and served two-stage over ``gallery`` (or a temporary
+    gallery of the split's images when ``mode`` is two-stage)."""
+    if args.data != "synthetic":
+        return {"unavailable": "partial queries need the scene graph for their relevant sets: --data synthetic"}
+    from mmgeo.eval.partial import evaluate_partial_queries
+
+    run = lambda g: evaluate_partial_queries(model, world, images, n=args.partial_queries, seed=args.seed,  # noqa: E731
+                                             gallery=g, k_prime=args.k_prime)
+    if gallery is not None or mode != "two-stage":
+        return run(gallery)
+    import tempfile
+
+    from mmgeo.search.build import build_gallery_from_embedding
+    from mmgeo.search.store import Gallery
+
+    with tempfile.TemporaryDirectory(prefix="mmgeo-partial-") as tmp:
+        build_gallery_from_embedding(model, images, Path(tmp) / "index", index_type=args.index_type or "flat",
+                                     codec=args.codec or "fp16")
+        return run(Gallery(Path(tmp) / "index"))
+
+
+def evaluate_partial_only(args, model, name, gallery, device) -> dict:
+    """--suite partial: encode the split's images only, then ``evaluate_partial``."""
+    limit = args.limit if args.limit is not None or gallery is None else len(gallery)
+    world = build_dataset(args.data, args.split, seed=args.seed, image_size=args.image_size or model.cfg.image_size,
+                          size=limit, root=args.data_root, data_format=args.data_format, max_pixels=args.max_pixels)
+    images = encode_images(model, world, args.batch_size)
+    mode = args.mode or ("two-stage" if gallery is not None else "exact")
+    return {"dataset": args.data, "split": args.split, "model": name, "score": model.default_mode, "mode": mode,
+            "task": "partial", "partial_queries": evaluate_partial(args, model, world, images, gallery, mode)}
+
+
+def print_partial(record: dict) -> None:
+    if "unavailable" in record:
+        print(f"\npartial queries: unavailable ({record['unavailable']})")
+        return
+    from mmgeo.eval.partial import format_table as partial_table
+
+    served = f"; served = two-stage, K'={record['k_prime']}" if record["k_prime"] else ""
+    print(f"\npartial queries: {record['queries']} naming one object, {record['queries']} naming two, over "
+          f"{record['images']} images; relevant = every image the query is true of{served}")
+    print(partial_table(record))
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -224,9 +277,12 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--image-root", default=None, help="sugarcrepe: the folder of COCO val2017 images")
     p.add_argument("--skip-bad", action="store_true",
                    help="sugarcrepe: skip and count malformed entries / missing images instead of stopping")
-    p.add_argument("--suite", default="retrieval", choices=["retrieval", "compositional", "all"],
+    p.add_argument("--suite", default="retrieval", choices=["retrieval", "compositional", "partial", "all"],
                    help="retrieval: R@K (CLIP_benchmark); compositional: caption vs edited caption per edit "
-                        "type (docs/design.md §9); all: both")
+                        "type (docs/design.md §9); partial: queries naming one or two objects, P@1 / P@5 / "
+                        "nDCG@10 / mAP against every image they are true of (synthetic); all: every suite")
+    p.add_argument("--partial-queries", type=int, default=300, metavar="N",
+                   help="partial suite: N one-object and N two-object queries")
     p.add_argument("--suite-limit", type=int, default=None,
                    help="compositional suite on the shapes world: only the first N images (default: --limit / all)")
     p.add_argument("--data-format", default=None, choices=["hf", "karpathy", "csv"],
@@ -282,6 +338,8 @@ def main(argv: list[str] | None = None) -> dict:
             read_captions(args.prune_queries)  # refused before any model is loaded
         except (FileNotFoundError, ValueError) as err:
             p.error(str(err))
+    if args.partial_queries <= 0:
+        p.error(f"--partial-queries must be positive, got {args.partial_queries}")
     if args.index and args.suite == "compositional":
         p.error("--index is for retrieval (--suite retrieval or all), not the compositional suite")
     result = evaluate(args)
@@ -316,6 +374,8 @@ def main(argv: list[str] | None = None) -> dict:
             if c.get(what):
                 print(f"{what}: {c[what]}")
         print(compositional_table(comp))
+    if "partial_queries" in result:
+        print_partial(result["partial_queries"])
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(result, indent=2))

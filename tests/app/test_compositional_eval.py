@@ -45,6 +45,7 @@ def test_suite_all_adds_compositional_next_to_retrieval(tmp_path):
     result = eval_app.main(["--ckpt", str(ckpt), "--suite", "all", "--limit", "3"])
     assert result["counts"] == {"images": 3, "captions": 15} and "text_to_image_R@1" in result["metrics"]
     assert result["compositional"]["counts"]["images"] == 3
+    assert result["partial_queries"]["one_object"]["exact_geometric"]["P@1"] >= 0  # the partial suite beside them
 
 
 def test_sugarcrepe_through_eval(tmp_path):
