@@ -17,6 +17,7 @@ evenly spaced images and ``TRAIN_VECTORS`` of their patches per quantizer.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -207,26 +208,32 @@ def encode_block(quantizers: list, block: np.ndarray) -> np.ndarray:
 
 # ------------------------------------------------------------------------------------------------ reading
 
-def load_quantizers(root: Path, store: dict, num_heads: int, dims: dict) -> dict[str, list]:
+def load_quantizers(root: Path, store: dict, num_heads: int, dims: dict, read=None) -> dict[str, list]:
     """The quantizers a manifest's ``store`` record lists, each checked (size, SHA-256, dimension, code size,
-    trained) -> role -> one per head. CodebookError naming the file and the fix on any mismatch."""
+    trained) -> role -> one per head. CodebookError naming the file and the fix on any mismatch. ``read``: a
+    function of a record -> (the codebook's bytes or None when absent, where it was read from), for codebooks kept
+    elsewhere than under ``root`` (a database: ``mmgeo.search.database``); default: the files under ``root``."""
     import faiss
 
+    def read_file(r):
+        path = root / r["file"]
+        return (path.read_bytes() if path.is_file() else None), f"codebook {path}"
+
+    read = read or read_file
     recs = store.get("quantizers") or []
     out = {role: [None] * num_heads for role in ROLES}
     for r in recs:
-        path = root / r["file"]
-        where = f"codebook {path}"
-        if not path.is_file():
+        data, where = read(r)
+        if data is None:
             raise CodebookError(f"{where} is missing; the index is incomplete — rebuild it with "
                                 "`python -m serve build`")
-        size = path.stat().st_size
-        if size != r["bytes"] or file_sha256(path) != r["sha256"]:
+        size = len(data)
+        if size != r["bytes"] or hashlib.sha256(data).hexdigest() != r["sha256"]:
             raise CodebookError(f"{where} is not the one this index was built with ({size} bytes, manifest says "
                                f"{r['bytes']}; or its SHA-256 differs): truncated, damaged or copied from another "
                                "index — rebuild the index with `python -m serve build`")
         try:
-            q = faiss.read_index(str(path))
+            q = faiss.deserialize_index(np.frombuffer(data, dtype=np.uint8))
         except RuntimeError as err:
             raise CodebookError(f"{where} cannot be read by FAISS ({str(err).splitlines()[0]}); rebuild the "
                                "index") from err

@@ -76,7 +76,129 @@ def store_files(store: dict) -> list[str]:
         + pruned
 
 
-class Gallery:
+class RerankStore:
+    """What the re-rank reads of a gallery, whatever keeps it: per image its keys / values (fp16 arrays, or codes
+    of ``quantizers`` whose ``codewords`` sum to them), its real patches and which grid patches were stored.
+    ``Gallery`` (an index directory, memory-mapped) and ``mmgeo.search.database.CandidateRows`` (rows a database
+    returned with the first stage) are both one; ``two_stage.rerank_candidates`` reads either the same way.
+
+    A subclass sets ``model_record``, ``store``, ``codec``, ``num_patches``, ``patch_bits`` ((N, ceil(S / 8)) or
+    None) and, for fp16, ``keys`` / ``values`` / ``mask`` ((N, H, L, d) fp16, (N, L) bool), else ``codes``
+    (role -> (N, H, L, code_size) uint8), ``mask_bits`` ((N, ceil(L / 8)) or None: all real), ``quantizers`` and
+    ``codewords`` (role -> ``Codewords`` or None); rows are indexed by position.
+    """
+
+    count: int
+
+    def __len__(self) -> int:
+        return self.count
+
+    def check_model(self, model, ckpt: str | os.PathLike | None = None) -> None:
+        """Raise GalleryError unless ``model`` (and its checkpoint file) is the one the index was built with."""
+        r, cfg = self.model_record, model.cfg
+        got = {"num_heads": cfg.num_heads, "d_a": cfg.d_a, "d_e": cfg.d_e, "d_global": cfg.d_global,
+               "num_patches": (cfg.image_size // cfg.patch_size) ** 2}
+        diff = {k: (r.get(k), v) for k, v in got.items() if r.get(k) != v}
+        if diff:
+            raise GalleryError(f"model does not match the index (index vs model): {diff}; serve with the "
+                               "checkpoint the index was built from, or rebuild the index")
+        if ckpt is not None and r.get("sha256") and file_sha256(ckpt) != r["sha256"]:
+            raise GalleryError(f"checkpoint {ckpt} is not the one the index was built with ({r.get('path')}, "
+                               f"sha256 {r['sha256'][:12]}…); rebuild the index or pass that checkpoint")
+
+    def check_images(self, images, sample: int = 256, rtol: float = 0.05) -> None:
+        """Raise GalleryError unless stored image i holds the keys of row i of ``images`` (an ``Embedding`` of
+        the same model), on up to ``sample`` evenly spaced ids; ``rtol`` allows fp16 storage and device rounding,
+        plus twice the key error a compressed store measured on its training sample."""
+        rtol += 2 * self.store.get("rel_error", {}).get("keys", 0.0)
+        if len(images) != self.count:
+            raise GalleryError(f"the index holds {self.count} images, the encoded set {len(images)}")
+        for i in np.unique(np.linspace(0, self.count - 1, min(sample, self.count)).round().astype(int)):
+            want = images.attn[i].float().cpu()[:, self.image_patches(int(i))]  # (H, L, d_a): the stored patches
+            err = float((self.image_keys(int(i)) - want).norm() / want.norm())
+            if not err <= rtol:
+                raise GalleryError(f"image {i} of the index is not image {i} of the encoded set (relative key "
+                                   f"difference {err:.3g}); build the index from the same images in the same order")
+
+    def image_patches(self, image_id: int) -> torch.Tensor:
+        """(L,) int64 grid positions (0..S-1) of one image's stored patches: all S, or those a pruned store kept."""
+        S = self.model_record["num_patches"]
+        if self.patch_bits is None:
+            return torch.arange(S)
+        idx = unpack_patches(self.patch_bits[image_id], S)
+        if len(idx) != self.num_patches:
+            raise GalleryError(f"{PATCHES_FILE} marks {len(idx)} patches of image {image_id}, the manifest says "
+                               f"{self.num_patches}; the index is damaged — {REBUILD}")
+        return torch.from_numpy(idx)
+
+    def image_keys(self, image_id: int) -> torch.Tensor:
+        """(H, L, d_a) float32 keys of one image's stored patches (decoded when the store is compressed)."""
+        if self.codec == "fp16":
+            return torch.from_numpy(np.array(self.keys[image_id], np.float32))
+        return self._decode("keys", self.codes["keys"][[image_id]])[:, 0]
+
+    def image_mask(self, image_id: int) -> torch.Tensor:
+        """(L,) bool: the image's real patches."""
+        return self._mask_rows(np.array([image_id]))[0]
+
+    def _mask_rows(self, rows: np.ndarray) -> torch.Tensor:
+        """(K, L) bool mask of the given ids, whatever the store keeps (bools, packed bits, or nothing: all real)."""
+        if self.codec == "fp16":
+            return torch.from_numpy(self.mask[rows])
+        L = self.num_patches
+        if self.mask_bits is None:  # every patch of every image is real
+            return torch.ones(len(rows), L, dtype=torch.bool)
+        return torch.from_numpy(unpack_mask(self.mask_bits[rows], L))
+
+    def _decode(self, role: str, codes: np.ndarray) -> torch.Tensor:
+        """(K, H, L, code_size) codes of ``role`` -> (H, K, L, d) float32."""
+        words = self.codewords[role]
+        return words.decode(codes) if words is not None else decode(self.quantizers[role], codes)
+
+    @property
+    def scores_from_codes(self) -> bool:
+        """Keys and values are both sums of codewords (PQ, RQ): re-rank scores them from look-up tables
+        (``code_blocks``) instead of decoding them."""
+        return self.codec != "fp16" and all(self.codewords[role] is not None for role in ROLES)
+
+    def block_size(self, width: int | None = None) -> int:
+        """Candidates per block: ``BLOCK_IMAGES``, fewer when their ``width`` fp32 numbers per head and patch
+        (default d_a + d_e: decoded keys and values) would pass ``BLOCK_BYTES``."""
+        r = self.model_record
+        per_image = 4 * r["num_heads"] * self.num_patches * (width or r["d_a"] + r["d_e"])
+        return max(1, min(BLOCK_IMAGES, BLOCK_BYTES // per_image))
+
+    def code_blocks(self, ids, block: int):
+        """Yield key rows (H, K_b, L, M_k), value rows (H, K_b, L, M_v) of the ``codewords`` tables (int64) and mask
+        (K_b, L) bool of consecutive blocks of ``block`` of the given ids, in order (``scores_from_codes`` only)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        for start in range(0, len(ids), block):
+            rows = ids[start:start + block]
+            yield (*(self.codewords[role].indices(self.codes[role][rows]) for role in ROLES), self._mask_rows(rows))
+
+    def candidate_blocks(self, ids, block: int | None = None):
+        """Yield keys (H, K_b, L, d_a), values (H, K_b, L, d_e) float32, head-major, and mask (K_b, L) bool of
+        consecutive blocks of ``block`` (default ``block_size()``) of the given ids, in order.
+
+        Only those rows of the memory-mapped store are read; fp16 rows are converted and transposed in one copy,
+        codes are decoded by their quantizers (``mmgeo.search.codecs.Codewords``, FAISS for SQ). fp32 keys/values
+        exist for one block at a time, so memory does not grow with K'.
+        """
+        ids = np.asarray(ids, dtype=np.int64)
+        block = block or self.block_size()
+        for start in range(0, len(ids), block):
+            rows = ids[start:start + block]
+            if self.codec == "fp16":
+                kv = []
+                for arr in (self.keys, self.values):
+                    x = torch.from_numpy(arr[rows])  # (K_b, H, L, d) fp16
+                    kv.append(torch.empty(x.shape[1], x.shape[0], *x.shape[2:]).copy_(x.transpose(0, 1)))
+            else:
+                kv = [self._decode(role, self.codes[role][rows]) for role in ROLES]  # (H, K_b, L, d)
+            yield kv[0], kv[1], self._mask_rows(rows)
+
+
+class Gallery(RerankStore):
     """A loaded index directory: FAISS index (or ``ShardedIndex``), memory-mapped keys/values/mask, metadata."""
 
     def __init__(self, root: str | os.PathLike):
@@ -163,9 +285,6 @@ class Gallery:
             raise GalleryError(f"global.faiss holds {self.index.ntotal} vectors and meta.json {len(self.meta)} rows, "
                                f"manifest says {self.count}; rebuild the index")
 
-    def __len__(self) -> int:
-        return self.count
-
     def _stored_patches(self, S: int) -> int:
         """Patches stored per image: S, or the count a pruned store's record gives (checked)."""
         rec = self.store.get("patches")
@@ -177,110 +296,6 @@ class Gallery:
                                f"model's {S} patches; the index is damaged — {REBUILD}")
         return kept
 
-    def check_model(self, model, ckpt: str | os.PathLike | None = None) -> None:
-        """Raise GalleryError unless ``model`` (and its checkpoint file) is the one the index was built with."""
-        r, cfg = self.model_record, model.cfg
-        got = {"num_heads": cfg.num_heads, "d_a": cfg.d_a, "d_e": cfg.d_e, "d_global": cfg.d_global,
-               "num_patches": (cfg.image_size // cfg.patch_size) ** 2}
-        diff = {k: (r.get(k), v) for k, v in got.items() if r.get(k) != v}
-        if diff:
-            raise GalleryError(f"model does not match the index (index vs model): {diff}; serve with the "
-                               "checkpoint the index was built from, or rebuild the index")
-        if ckpt is not None and r.get("sha256") and file_sha256(ckpt) != r["sha256"]:
-            raise GalleryError(f"checkpoint {ckpt} is not the one the index was built with ({r.get('path')}, "
-                               f"sha256 {r['sha256'][:12]}…); rebuild the index or pass that checkpoint")
-
-    def check_images(self, images, sample: int = 256, rtol: float = 0.05) -> None:
-        """Raise GalleryError unless stored image i holds the keys of row i of ``images`` (an ``Embedding`` of
-        the same model), on up to ``sample`` evenly spaced ids; ``rtol`` allows fp16 storage and device rounding,
-        plus twice the key error a compressed store measured on its training sample."""
-        rtol += 2 * self.store.get("rel_error", {}).get("keys", 0.0)
-        if len(images) != self.count:
-            raise GalleryError(f"the index holds {self.count} images, the encoded set {len(images)}")
-        for i in np.unique(np.linspace(0, self.count - 1, min(sample, self.count)).round().astype(int)):
-            want = images.attn[i].float().cpu()[:, self.image_patches(int(i))]  # (H, L, d_a): the stored patches
-            err = float((self.image_keys(int(i)) - want).norm() / want.norm())
-            if not err <= rtol:
-                raise GalleryError(f"image {i} of the index is not image {i} of the encoded set (relative key "
-                                   f"difference {err:.3g}); build the index from the same images in the same order")
-
     def image_path(self, image_id: int) -> Path:
         p = Path(self.meta[image_id]["path"])
         return p if p.is_absolute() else self.root / p
-
-    def image_patches(self, image_id: int) -> torch.Tensor:
-        """(L,) int64 grid positions (0..S-1) of one image's stored patches: all S, or those a pruned store kept."""
-        S = self.model_record["num_patches"]
-        if self.patch_bits is None:
-            return torch.arange(S)
-        idx = unpack_patches(self.patch_bits[image_id], S)
-        if len(idx) != self.num_patches:
-            raise GalleryError(f"{PATCHES_FILE} marks {len(idx)} patches of image {image_id}, the manifest says "
-                               f"{self.num_patches}; the index is damaged — {REBUILD}")
-        return torch.from_numpy(idx)
-
-    def image_keys(self, image_id: int) -> torch.Tensor:
-        """(H, L, d_a) float32 keys of one image's stored patches (decoded when the store is compressed)."""
-        if self.codec == "fp16":
-            return torch.from_numpy(np.array(self.keys[image_id], np.float32))
-        return self._decode("keys", self.codes["keys"][[image_id]])[:, 0]
-
-    def image_mask(self, image_id: int) -> torch.Tensor:
-        """(L,) bool: the image's real patches."""
-        return self._mask_rows(np.array([image_id]))[0]
-
-    def _mask_rows(self, rows: np.ndarray) -> torch.Tensor:
-        """(K, L) bool mask of the given ids, whatever the store keeps (bools, packed bits, or nothing: all real)."""
-        if self.codec == "fp16":
-            return torch.from_numpy(self.mask[rows])
-        L = self.num_patches
-        if self.mask_bits is None:  # every patch of every image is real
-            return torch.ones(len(rows), L, dtype=torch.bool)
-        return torch.from_numpy(unpack_mask(self.mask_bits[rows], L))
-
-    def _decode(self, role: str, codes: np.ndarray) -> torch.Tensor:
-        """(K, H, L, code_size) codes of ``role`` -> (H, K, L, d) float32."""
-        words = self.codewords[role]
-        return words.decode(codes) if words is not None else decode(self.quantizers[role], codes)
-
-    @property
-    def scores_from_codes(self) -> bool:
-        """Keys and values are both sums of codewords (PQ, RQ): re-rank scores them from look-up tables
-        (``code_blocks``) instead of decoding them."""
-        return self.codec != "fp16" and all(self.codewords[role] is not None for role in ROLES)
-
-    def block_size(self, width: int | None = None) -> int:
-        """Candidates per block: ``BLOCK_IMAGES``, fewer when their ``width`` fp32 numbers per head and patch
-        (default d_a + d_e: decoded keys and values) would pass ``BLOCK_BYTES``."""
-        r = self.model_record
-        per_image = 4 * r["num_heads"] * self.num_patches * (width or r["d_a"] + r["d_e"])
-        return max(1, min(BLOCK_IMAGES, BLOCK_BYTES // per_image))
-
-    def code_blocks(self, ids, block: int):
-        """Yield key rows (H, K_b, L, M_k), value rows (H, K_b, L, M_v) of the ``codewords`` tables (int64) and mask
-        (K_b, L) bool of consecutive blocks of ``block`` of the given ids, in order (``scores_from_codes`` only)."""
-        ids = np.asarray(ids, dtype=np.int64)
-        for start in range(0, len(ids), block):
-            rows = ids[start:start + block]
-            yield (*(self.codewords[role].indices(self.codes[role][rows]) for role in ROLES), self._mask_rows(rows))
-
-    def candidate_blocks(self, ids, block: int | None = None):
-        """Yield keys (H, K_b, L, d_a), values (H, K_b, L, d_e) float32, head-major, and mask (K_b, L) bool of
-        consecutive blocks of ``block`` (default ``block_size()``) of the given ids, in order.
-
-        Only those rows of the memory-mapped store are read; fp16 rows are converted and transposed in one copy,
-        codes are decoded by their quantizers (``mmgeo.search.codecs.Codewords``, FAISS for SQ). fp32 keys/values
-        exist for one block at a time, so memory does not grow with K'.
-        """
-        ids = np.asarray(ids, dtype=np.int64)
-        block = block or self.block_size()
-        for start in range(0, len(ids), block):
-            rows = ids[start:start + block]
-            if self.codec == "fp16":
-                kv = []
-                for arr in (self.keys, self.values):
-                    x = torch.from_numpy(arr[rows])  # (K_b, H, L, d) fp16
-                    kv.append(torch.empty(x.shape[1], x.shape[0], *x.shape[2:]).copy_(x.transpose(0, 1)))
-            else:
-                kv = [self._decode(role, self.codes[role][rows]) for role in ROLES]  # (H, K_b, L, d)
-            yield kv[0], kv[1], self._mask_rows(rows)

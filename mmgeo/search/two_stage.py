@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from mmgeo.kernels import attention_scale, candidate_scores
 from mmgeo.kernels.pair_score import LOG2E, SAFE_LOGIT
-from mmgeo.search.store import Gallery
+from mmgeo.search.store import Gallery, RerankStore
 
 
 def rerank_scores(q: torch.Tensor, q_mask: torch.Tensor, u: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
@@ -52,7 +52,7 @@ def table_scores(lut_k: torch.Tensor, lut_v: torch.Tensor, key_rows: torch.Tenso
     return ((weights * uv).sum(2) / weights.sum(2)).sum(0).T  # (n, K)
 
 
-def rerank_candidates(q: torch.Tensor, q_mask: torch.Tensor, u: torch.Tensor, gallery: Gallery, ids,
+def rerank_candidates(q: torch.Tensor, q_mask: torch.Tensor, u: torch.Tensor, gallery: RerankStore, ids,
                       block: int | None = None) -> torch.Tensor:
     """``rerank_scores`` of one caption (q (H, T, d_a), q_mask (T,), u (H, T, d_e)) against the gallery images
     ``ids`` (K,) -> (K,), a block of candidates at a time, whatever the store's codec: PQ / RQ codes scored from
@@ -78,11 +78,20 @@ def search_texts(model, gallery: Gallery, texts, ks, reranks, k_prime: int = 100
 
     One FAISS search for the batch over the global vectors (top ``max(k, k_prime)`` for a re-ranked query,
     top ``k`` otherwise); each re-ranked query's K' candidates are read (fp16 on disk, fp32 here) and
-    re-scored by the geometric score against their stored keys/values (``rerank_candidates``).
+    re-scored by the geometric score against their stored keys/values (``rerank_candidates``). A gallery with a
+    ``first_stage`` (``mmgeo.search.database.DbGallery``) answers the first stage itself, the candidates' stored
+    rows with their ids (one SQL query for the batch), and those rows are re-ranked the same way.
     """
-    want = [min(max(k, k_prime) if r else k, gallery.count) for k, r in zip(ks, reranks)]  # per query
     q = np.ascontiguousarray(texts.pooled.float().cpu().numpy())  # (B, d_g)
-    g_scores, ids = gallery.index.search(q, max(want))  # (B, W); HNSW / IVF may pad with -1
+    first_stage = getattr(gallery, "first_stage", None)
+    if first_stage is None:  # an index directory: FAISS, then the candidates' rows read from the store by id
+        want = [min(max(k, k_prime) if r else k, gallery.count) for k, r in zip(ks, reranks)]  # per query
+        g_scores, ids = gallery.index.search(q, max(want))  # (B, W); HNSW / IVF may pad with -1
+        store, pos = gallery, ids
+    else:  # a database (mmgeo.search.database): ids, global scores and the candidates' codes in one round trip
+        want = [max(k, k_prime) if r else k for k, r in zip(ks, reranks)]
+        g_scores, ids, store = first_stage(q, want)  # (B, W) padded with -1; store row i·W + j = ids[i, j]
+        pos = np.arange(ids.size).reshape(ids.shape)
     valid = (ids >= 0) & (np.arange(ids.shape[1])[None] < np.asarray(want)[:, None])  # (B, W)
     rows = [i for i in range(len(ks)) if reranks[i] and valid[i].any()]
     out = [(ids[i][valid[i]][:ks[i]], g_scores[i][valid[i]][:ks[i]]) for i in range(len(ks))]
@@ -93,7 +102,7 @@ def search_texts(model, gallery: Gallery, texts, ks, reranks, k_prime: int = 100
     texts = texts.to("cpu")
     for i in rows:
         c = ids[i][valid[i]]  # (K'_i,) candidates
-        s = rerank_candidates(texts.attn[i], texts.mask[i], texts.value[i], gallery, c).numpy()  # (K'_i,)
+        s = rerank_candidates(texts.attn[i], texts.mask[i], texts.value[i], store, pos[i][valid[i]]).numpy()
         order = np.argsort(-s, kind="stable")[:ks[i]]
         out[i] = c[order], s[order]
     return out

@@ -8,6 +8,7 @@ import torch
 from PIL import Image
 
 from tests.conftest import TINY
+from tests.pg import fresh_database, server_url
 
 _ENVS: dict = {}  # one gallery env per session, whichever conftest asks first
 
@@ -63,3 +64,15 @@ def single_thread_faiss():
     faiss.omp_set_num_threads(1)
     yield
     faiss.omp_set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def pg_server(tmp_path_factory) -> str:
+    """A real PostgreSQL + pgvector for the session (tests/pg.py; skipped without the pgserver wheel)."""
+    return server_url(tmp_path_factory)
+
+
+@pytest.fixture
+def pg_url(pg_server) -> str:
+    """A fresh empty database on it."""
+    return fresh_database(pg_server)
