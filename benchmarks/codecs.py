@@ -1,10 +1,10 @@
 """Re-rank store codecs side by side: bytes per image, two-stage R@1 / R@5 through a built index, re-rank latency
 per query, build time, and the store size projected to 1M / 100M images at the ``geo-vitb16-bert`` shapes.
 
-    python benchmarks/codecs.py --ckpt runs/synthetic/model.pt [--codecs fp16 sq8 ... ] [--split test]
+    python -m benchmarks.codecs --ckpt runs/synthetic/model.pt [--codecs fp16 sq8 ... ] [--split test]
                                 [--k-prime 100] [--latency-queries 300] [--out runs/codecs]
                                 [--report-to docs/serve.md]          # fills its <!-- codecs:start/end --> section
-    python benchmarks/codecs.py --ckpt M --limit 60 --codecs fp16 sq8 --latency-queries 5   # smoke run
+    python -m benchmarks.codecs --ckpt M --limit 60 --codecs fp16 sq8 --latency-queries 5   # smoke run
 
 The split is encoded once. Exact fp32 scoring of every (caption, image) pair is the reference. Each codec's index
 is built from those encoded images (``build_gallery_from_embedding``: fp16 arrays, then the codec's quantizers
@@ -18,19 +18,29 @@ falls on all of them alike. Writes results.md and codecs.json under --out.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-from benchmarks.report import check_markers, report_to  # noqa: E402 - after the path
+from benchmarks.harness import (
+    add_checkpoint,
+    add_out,
+    add_report_to,
+    alternate,
+    check_markers,
+    elapsed_ms,
+    environment,
+    logger,
+    markdown_table,
+    report_to,
+    write_json,
+)
 
 SCALES = (1_000_000, 100_000_000)
+RECALLS = ("text_to_image_R@1", "text_to_image_R@5", "image_to_text_R@1", "image_to_text_R@5")
+log = logger("codecs")
 BIG_MODEL = "geo-vitb16-bert"
 
 
@@ -38,10 +48,7 @@ def parse(argv=None) -> argparse.Namespace:
     from mmgeo.search.codecs import CODECS
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--ckpt", required=True, help="geometric model.pt (e.g. the default run's runs/synthetic)")
-    p.add_argument("--data", default="synthetic")
-    p.add_argument("--split", default="test")
-    p.add_argument("--limit", type=int, default=None, help="only the first N images of the split")
+    add_checkpoint(p)
     p.add_argument("--codecs", nargs="+", default=list(CODECS), choices=list(CODECS))
     p.add_argument("--k-prime", type=int, default=100)
     p.add_argument("--latency-queries", type=int, default=300, help="captions timed per codec")
@@ -49,8 +56,8 @@ def parse(argv=None) -> argparse.Namespace:
                    help="also build each codec pruned to N patches per image (mmgeo.search.pruning)")
     p.add_argument("--prune-queries", type=int, default=200,
                    help="sample captions for pruning: the first N of the validation split (never the evaluated one)")
-    p.add_argument("--out", default="runs/codecs")
-    p.add_argument("--report-to", default=None, help="also replace the <!-- codecs:start/end --> section of this file")
+    add_out(p, "runs/codecs", "codecs.json, results.md")
+    add_report_to(p, "codecs")
     return p.parse_args(argv)
 
 
@@ -86,15 +93,12 @@ def latencies(model, galleries: dict, texts, candidates, n: int) -> dict:
 
     from mmgeo.search.two_stage import rerank_candidates
 
-    times = {c: [] for c in galleries}
-    order = list(galleries)
-    with torch.inference_mode():
-        for i in range(min(n, len(texts))):
-            order = order[1:] + order[:1]  # rotate who goes first
-            for c in order:
-                t = time.perf_counter()
-                rerank_candidates(texts.attn[i], texts.mask[i], texts.value[i], galleries[c], candidates[i])
-                times[c].append(1000 * (time.perf_counter() - t))
+    def rerank(c: str, i: int) -> float:
+        return elapsed_ms(lambda: rerank_candidates(texts.attn[i], texts.mask[i], texts.value[i], galleries[c],
+                                                    candidates[i]))
+
+    with torch.inference_mode():  # query by query, every codec in turn, who goes first rotating
+        times = alternate(galleries, min(n, len(texts)), rerank, rotate=True)
     return {c: {"median_ms": statistics.median(v), "p99_ms": sorted(v)[min(len(v) - 1, int(0.99 * len(v)))]}
             for c, v in times.items()}
 
@@ -122,7 +126,6 @@ def main(argv=None) -> dict:
     model = load_model(args.ckpt, device="cpu")
     dataset = build_dataset(args.data, args.split, image_size=model.cfg.image_size, size=args.limit)
     split = encode_split(model, dataset)
-    keys = ("text_to_image_R@1", "text_to_image_R@5", "image_to_text_R@1", "image_to_text_R@5")
     exact = retrieval_metrics(exact_scores(model, split.texts, split.images, "geometric"), split.text_to_image)
     S = (model.cfg.image_size // model.cfg.patch_size) ** 2
     variants = [(c, None) for c in args.codecs] + [(c, n) for n in args.keep_patches for c in args.codecs]
@@ -144,9 +147,9 @@ def main(argv=None) -> dict:
             m = retrieval_metrics(scores, split.text_to_image, scores_i2t=scores)
             rows[name] = {"bytes_per_image": g.store["bytes_per_image"], "codebook_bytes": g.store["codebook_bytes"],
                            "rel_error": g.store.get("rel_error"), "build_s": round(build_s, 2),
-                           **{k: m[k] for k in keys}, **{f"delta_{k}": m[k] - exact[k] for k in keys}}
-            print(f"[codecs] {name}: {g.store['bytes_per_image']} B/image, text->image R@1 "
-                  f"{pct(m['text_to_image_R@1'])} (exact {pct(exact['text_to_image_R@1'])})", flush=True)
+                           **{k: m[k] for k in RECALLS}, **{f"delta_{k}": m[k] - exact[k] for k in RECALLS}}
+            log(f"{name}: {g.store['bytes_per_image']} B/image, text->image R@1 "
+                  f"{pct(m['text_to_image_R@1'])} (exact {pct(exact['text_to_image_R@1'])})")
         q = np.ascontiguousarray(split.texts.pooled.float().numpy())  # (N_t, d_g)
         _, cand = galleries[next(iter(galleries))].index.search(q[:args.latency_queries], args.k_prime)  # (n, K')
         for codec, lat in latencies(model, galleries, split.texts, cand, args.latency_queries).items():
@@ -154,12 +157,13 @@ def main(argv=None) -> dict:
         galleries.clear()  # close the memory maps before the folder goes
     fp16_bytes = rows["fp16"]["bytes_per_image"] if "fp16" in rows else None
     result = {"ckpt": str(args.ckpt), "data": args.data, "split": args.split, "images": len(split.images),
-              "captions": len(split.texts), "k_prime": args.k_prime, "exact": {k: exact[k] for k in keys},
+              "captions": len(split.texts), "k_prime": args.k_prime, "exact": {k: exact[k] for k in RECALLS},
               "codecs": rows, "projected": {n: projected(n.split(",")[0], kept[n]) for n in rows},
               "model_for_projection": BIG_MODEL, "prune_queries": args.prune_queries if args.keep_patches else 0,
-              "command": "python benchmarks/codecs.py " + " ".join(argv if argv is not None else sys.argv[1:])}
+              "command": "python -m benchmarks.codecs " + " ".join(argv if argv is not None else sys.argv[1:]),
+              "environment": environment()}
     text = markdown(result, fp16_bytes)
-    (out / "codecs.json").write_text(json.dumps(result, indent=1))
+    write_json(out / "codecs.json", result)
     (out / "results.md").write_text(text)
     print(text)
     if args.report_to:
@@ -169,28 +173,28 @@ def main(argv=None) -> dict:
 
 def markdown(r: dict, fp16_bytes: int | None) -> str:
     e = r["exact"]
+    head = ["codec", "bytes / image", "of fp16", "codebooks", "T→I R@1", "T→I R@5", "I→T R@1", "I→T R@5",
+            "Δ R@1 vs exact (T→I / I→T)", "re-rank ms / query (median / p99)", "build s"]
+
+    def row(c: str, x: dict) -> list:
+        return [c, f"{x['bytes_per_image']:,}", f"1/{fp16_bytes / x['bytes_per_image']:.1f}" if fp16_bytes else "–",
+                human(x["codebook_bytes"]), *(pct(x[k]) for k in RECALLS),
+                f"{100 * x['delta_text_to_image_R@1']:+.1f} / {100 * x['delta_image_to_text_R@1']:+.1f}",
+                f"{x['median_ms']:.2f} / {x['p99_ms']:.2f}", f"{x['build_s']:.1f}"]
+
     lines = [f"`{r['command']}` — {r['data']} {r['split']}, {r['images']:,} images, {r['captions']:,} captions, "
              f"K' = {r['k_prime']}, one thread. Exact fp32 scoring: text→image R@1 {pct(e['text_to_image_R@1'])}, "
              f"image→text R@1 {pct(e['image_to_text_R@1'])}.", "",
-             "| codec | bytes / image | of fp16 | codebooks | T→I R@1 | T→I R@5 | I→T R@1 | I→T R@5 | Δ R@1 vs exact "
-             "(T→I / I→T) | re-rank ms / query (median / p99) | build s |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for c, x in r["codecs"].items():
-        frac = f"1/{fp16_bytes / x['bytes_per_image']:.1f}" if fp16_bytes else "–"
-        lines.append(f"| {c} | {x['bytes_per_image']:,} | {frac} | {human(x['codebook_bytes'])} | "
-                     f"{pct(x['text_to_image_R@1'])} | {pct(x['text_to_image_R@5'])} | {pct(x['image_to_text_R@1'])} | "
-                     f"{pct(x['image_to_text_R@5'])} | {100 * x['delta_text_to_image_R@1']:+.1f} / "
-                     f"{100 * x['delta_image_to_text_R@1']:+.1f} | {x['median_ms']:.2f} / {x['p99_ms']:.2f} | "
-                     f"{x['build_s']:.1f} |")
+             markdown_table(head, (row(c, x) for c, x in r["codecs"].items()), align="l" + "r" * 10)]
     if r.get("prune_queries"):
         lines += ["", f"Pruned rows keep each image's patches of most attention mass from the first "
                   f"{r['prune_queries']} captions of the validation split (mmgeo.search.pruning); their bytes include "
                   "the kept-patch bits."]
     lines += ["", f"Projected re-rank store at the `{r['model_for_projection']}` shapes (every patch real; pruned rows "
               "keep the same fraction of its patches; codebooks not included):", "",
-              "| codec | bytes / image | 1M images | 100M images |", "|---|---:|---:|---:|"]
-    for c, p in r["projected"].items():
-        lines.append(f"| {c} | {p['bytes_per_image']:,} | {human(p[str(SCALES[0])])} | {human(p[str(SCALES[1])])} |")
+              markdown_table(["codec", "bytes / image", "1M images", "100M images"],
+                             ([c, f"{p['bytes_per_image']:,}", *(human(p[str(n)]) for n in SCALES)]
+                              for c, p in r["projected"].items()), align="lrrr")]
     return "\n".join(lines) + "\n"
 
 

@@ -1,13 +1,18 @@
 """Every GPU claim checked and measured by one command, each section bounded in time (docs/design.md §4).
 
-    python benchmarks/gpu_check.py [--out DIR]            # one H200: at most 8 minutes
-    python benchmarks/gpu_check.py --dry-run [--out DIR]  # CPU, TRITON_INTERPRET=1, tiny shapes: at most 3 minutes
+    python -m benchmarks.gpu_check [--out DIR]            # one H200: at most 8 minutes
+    python -m benchmarks.gpu_check --dry-run [--out DIR]  # CPU, TRITON_INTERPRET=1, tiny shapes: at most 3 minutes
+    python -m benchmarks.gpu_check --sections training    # only these sections (the others: skipped)
+    python /path/to/checkout/benchmarks/gpu_check.py ...  # the same from any folder (--out: relative to that folder)
 
 Writes DIR/gpu_check.json and DIR/gpu_check.md (an environment table, then one table per section, to paste
 into docs/benchmarks.md); prints the markdown to stdout, progress to stderr. Each section runs in its own
-process with a time budget (``BUDGETS_S``): it skips what would pass its budget (the row says so), is killed
-past it plus ``GRACE_S``, and an exception, a crash or a timeout is recorded in its JSON (with a traceback
-summary) while the next section runs. Rows are saved as they come, so a killed section keeps what it measured.
+process (``python -m benchmarks.gpu_check --section NAME`` from the repository root, writing DIR/.NAME.json; DIR is
+made absolute first) with a time budget (``BUDGETS_S``): it skips what would pass its budget (the row says so), is
+killed past it plus ``GRACE_S``, and an exception, a crash or a timeout is recorded in its JSON (with a traceback
+summary) while the next section runs; a section that wrote no JSON is reported as "failed: no output". Rows are
+saved as they come, so a killed section keeps what it measured. Run by path, the script runs itself as that module
+from the repository root (this file imports nothing from ``benchmarks`` before ``main``).
 
 1. correctness (130 s): compiled Triton ``pair_score`` and ``geo_attention``, forward and backward, fp32 / bf16 /
    fp16, every autotune config forced in turn at model shapes, odd lengths with padding masks (first config, then
@@ -47,11 +52,7 @@ import time
 import traceback
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from benchmarks.gpu_check_inputs import attn_inputs, compare, pair_inputs, random_embedding  # noqa: E402
-from benchmarks.gpu_check_report import environment, markdown  # noqa: E402 - after the path
-
+ROOT = Path(__file__).resolve().parents[1]  # the sections run from here, as ``python -m benchmarks.gpu_check``
 T0 = time.monotonic()  # a section's budget counts from its process start (imports included)
 SECTIONS = ("correctness", "kernel_speed", "training", "evaluation")
 BUDGETS_S = {"correctness": 130, "kernel_speed": 100, "training": 150, "evaluation": 50}
@@ -65,7 +66,7 @@ TINY = dict(text_hidden=32, text_layers=1, text_heads=2, image_embed_dim=32, ima
             image_size=32, patch_size=8, key_hidden=16, query_hidden=32, num_heads=2, d_a=8, d_e=8, d_global=16)
 
 
-def log(msg: str) -> None:
+def log(msg: str) -> None:  # harness.logger's format; this file imports benchmarks only once it runs as a module
     print(f"[gpu_check {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
@@ -146,6 +147,7 @@ def check_case(kernel: str, shape, dtype, dev) -> dict:
     """Triton forward + backward against the fp64 reference on the same inputs: errors per output."""
     import torch
 
+    from benchmarks.gpu_check_inputs import attn_inputs, compare, pair_inputs
     from mmgeo.kernels import geo_attention, geo_attention_reference, pair_score, pair_score_naive
 
     if kernel == "pair_score":
@@ -247,6 +249,8 @@ def pair_speed_rows(sec: Section, dev, dry: bool, impls: dict, need_s: float, ca
     """pair_score forward and forward+backward of each of ``impls`` at each batch size: one row each."""
     import torch
 
+    from benchmarks.gpu_check_inputs import pair_inputs
+
     dtype = torch.float32 if dry else torch.bfloat16
     H, T, S, D = (2, 5, 9, 16) if dry else (8, 32, 197, 64)
     mem = torch.cuda.get_device_properties(dev).total_memory if dev.type == "cuda" else 1 << 62
@@ -303,6 +307,7 @@ def section_kernel_speed(sec: Section, dev, dry: bool) -> None:
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
+    from benchmarks.gpu_check_inputs import attn_inputs
     from mmgeo.kernels import geo_attention, pair_score, pair_score_naive, pair_score_reference
 
     os.environ["MMGEO_KERNELS"] = "triton"
@@ -435,8 +440,7 @@ def section_training(sec: Section, dev, dry: bool) -> None:
 
         arch = "ViT-B-16"
         if dry:
-            sys.path.insert(0, str(ROOT))
-            from tests.openclip_tiny import register
+            from tests.openclip_tiny import register  # the repository root is the working directory
 
             arch = register(Path(tempfile.mkdtemp(prefix="gpu-check-oc-")))
         torch.manual_seed(0)
@@ -481,6 +485,7 @@ class ScoreOnly:
 def section_evaluation(sec: Section, dev, dry: bool) -> None:
     import torch
 
+    from benchmarks.gpu_check_inputs import random_embedding
     from mmgeo.eval.retrieval import EncodedSplit
     from mmgeo.eval.two_stage import evaluate_split
     from mmgeo.kernels import use_triton
@@ -527,18 +532,22 @@ def section_evaluation(sec: Section, dev, dry: bool) -> None:
             two_stage, need_s=5)
 
 
-def run_sections(out: Path, dry: bool) -> dict:
+def run_sections(out: Path, dry: bool, sections: tuple[str, ...] = SECTIONS) -> dict:
+    """Each of ``sections`` in its own process, in turn, within the total budget; the others are reported skipped."""
+    out = out.resolve()  # the sections run from the repository root
     budgets, total = (DRY_BUDGETS_S, DRY_TOTAL_S) if dry else (BUDGETS_S, TOTAL_S)
     t0, report = time.monotonic(), {}
     for name in SECTIONS:
         budget = min(budgets[name], total - (time.monotonic() - t0) - 5)
         part = out / f".{name}.json"
         part.unlink(missing_ok=True)
-        if budget < 10:
-            report[name] = {"status": "skipped", "budget_s": budget, "error": "total time budget spent", "results": []}
+        if name not in sections or budget < 10:
+            why = "not selected (--sections)" if name not in sections else "total time budget spent"
+            report[name] = {"status": "skipped", "budget_s": budget, "error": why, "results": []}
             continue
         log(f"section {name}: budget {budget:.0f} s")
-        args = [sys.executable, __file__, "--section", name, "--budget-s", str(budget), "--out", str(out)]
+        args = [sys.executable, "-m", "benchmarks.gpu_check", "--section", name, "--budget-s", str(budget),
+                "--out", str(out)]
         status = None
         proc = subprocess.Popen(args + (["--dry-run"] if dry else []), cwd=ROOT, start_new_session=True)
         try:
@@ -548,23 +557,33 @@ def run_sections(out: Path, dry: bool) -> dict:
             os.killpg(proc.pid, signal.SIGKILL)  # the section and what it started (compile workers)
             proc.wait()
             status = f"timeout: killed after {budget + GRACE_S:.0f} s"
-        data = json.loads(part.read_text()) if part.exists() else {"budget_s": budget, "results": []}
+        if part.exists():
+            data = json.loads(part.read_text())
+            if status:
+                data.update(status=status, error=data.get("error") or status)
+        else:  # it died before its first row, or wrote nowhere to be found: a status all the same
+            data = {"status": "failed: no output", "budget_s": budget, "results": [],
+                    "error": status or f"the section's process ended without writing {part}"}
         if name == "kernel_speed":
             speed_ratios(data["results"])
-        if status:
-            data.update(status=status, error=data.get("error") or status)
         report[name] = data
         part.unlink(missing_ok=True)
     return report
 
 
-def main() -> int:
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--dry-run", action="store_true", help="CPU, TRITON_INTERPRET=1, tiny shapes")
     p.add_argument("--out", default=".", help="folder for gpu_check.json and gpu_check.md")
+    p.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS), metavar="NAME",
+                   help=f"run only these sections, the others are reported skipped (default: {' '.join(SECTIONS)})")
     p.add_argument("--section", choices=SECTIONS, help=argparse.SUPPRESS)  # one section, in a child process
     p.add_argument("--budget-s", type=float, default=60.0, help=argparse.SUPPRESS)
-    args = p.parse_args()
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
     if args.dry_run:
         os.environ["TRITON_INTERPRET"] = "1"  # before anything imports triton
     import torch
@@ -572,7 +591,7 @@ def main() -> int:
     if not args.dry_run and not torch.cuda.is_available():
         print("no CUDA GPU: run with --dry-run on CPU", file=sys.stderr)
         return 2
-    out = Path(args.out)
+    out = Path(args.out).resolve()  # the sections run from the repository root: they get it absolute
     out.mkdir(parents=True, exist_ok=True)
     if args.section:
         sec = Section(args.section, out, args.budget_s - 3)
@@ -583,7 +602,10 @@ def main() -> int:
         except Exception as err:  # noqa: BLE001 - recorded in the JSON
             sec.save("error", summary(err))
         return 0
-    report = {"environment": environment(args.dry_run, EXP_PER_S), **run_sections(out, args.dry_run)}
+    from benchmarks.gpu_check_report import environment, markdown
+
+    report = {"environment": environment(args.dry_run, EXP_PER_S),
+              **run_sections(out, args.dry_run, tuple(args.sections))}
     (out / "gpu_check.json").write_text(json.dumps(report, indent=1, default=str))
     md = markdown(report)
     (out / "gpu_check.md").write_text(md)
@@ -592,5 +614,12 @@ def main() -> int:
     return 0
 
 
+def main_by_path(argv: list[str]) -> int:
+    """``python .../benchmarks/gpu_check.py ARGS`` from any folder: ``python -m benchmarks.gpu_check ARGS`` from the
+    repository root, with --out made absolute against the folder it was started in (the last --out wins)."""
+    out = Path(parse(argv).out).resolve()
+    return subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", *argv, "--out", str(out)], cwd=ROOT).returncode
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main() if __package__ else main_by_path(sys.argv[1:]))

@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmarks import harness
 
 
 def environment(dry: bool, exp_per_s: float) -> dict:
+    """``harness.environment`` (machine, CPU, Python, commit, command) and the GPU stack."""
     import torch
 
     def cmd(*args):
         try:
-            return subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=20).stdout.strip() or None
+            return subprocess.run(args, capture_output=True, text=True, timeout=20).stdout.strip() or None
         except (OSError, subprocess.SubprocessError):
             return None
 
@@ -25,13 +24,10 @@ def environment(dry: bool, exp_per_s: float) -> dict:
     except ImportError:
         triton_version = None
     cuda = torch.cuda.is_available()
-    dirty = bool(cmd("git", "status", "--porcelain", "--untracked-files=no"))
     return {"gpu": torch.cuda.get_device_name(0) if cuda else "none (CPU)",
             "driver": cmd("nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader") if cuda else None,
-            "cuda": torch.version.cuda, "torch": torch.__version__, "triton": triton_version,
-            "python": sys.version.split()[0], "commit": (cmd("git", "rev-parse", "--short", "HEAD") or "?")
-            + ("+dirty" if dirty else ""), "dry_run": dry, "triton_mode": "interpreted" if dry else "compiled",
-            "exp_per_s": exp_per_s, "command": " ".join([Path(sys.executable).name, *sys.argv])}
+            "cuda": torch.version.cuda, "torch": torch.__version__, "triton": triton_version, **harness.environment(),
+            "dry_run": dry, "triton_mode": "interpreted" if dry else "compiled", "exp_per_s": exp_per_s}
 
 
 def fmt(x) -> str:
@@ -40,15 +36,18 @@ def fmt(x) -> str:
     return "" if x is None else str(x)
 
 
+def status_cell(r: dict) -> str:
+    status = r.get("status", "")
+    if status == "skipped":
+        return f"{status}: {r.get('reason') or ''}"
+    if status == "error":
+        return f"{status} ({((r.get('error') or '').strip().splitlines() or [''])[-1][:120]})"
+    return status
+
+
 def table(rows: list[dict], cols: list[str]) -> str:
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for r in rows:
-        status = r.get("status", "")
-        cells = [fmt(r.get(c)) if c != "status" else status + (f": {r.get('reason') or ''}" if
-                 status == "skipped" else f" ({(r.get('error') or '').strip().splitlines()[-1][:120]})"
-                 if status == "error" else "") for c in cols]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    return harness.markdown_table(cols, ([fmt(r.get(c)) if c != "status" else status_cell(r) for c in cols]
+                                         for r in rows))
 
 
 COLUMNS = {"correctness": ["kernel", "case", "dtype", "config", "pass", "max_abs", "max_rel", "tol", "status"],
@@ -68,11 +67,12 @@ def markdown(report: dict) -> str:
     for name, sec in report.items():
         if name == "environment":
             continue
-        head = f"### {name} ({sec['status']}, {fmt(sec.get('seconds'))} s of {sec.get('budget_s')} s)"
+        status, rows = sec.get("status") or "failed: no output", sec.get("results") or []
+        head = f"### {name} ({status}, {fmt(sec.get('seconds'))} s of {sec.get('budget_s')} s)"
         if name == "correctness":
-            ran = [r for r in sec["results"] if r.get("status") == "ok"]
+            ran = [r for r in rows if r.get("status") == "ok"]
             head += f": {sum(bool(r.get('pass')) for r in ran)} of {len(ran)} cases that ran pass"
-        out += [head, "", table(sec["results"], COLUMNS[name]), ""]
+        out += [head, "", table(rows, COLUMNS[name]), ""]
         if sec.get("error"):
             out += ["```", sec["error"].strip()[-800:], "```", ""]
     out.append(f"exp bound: exps / {env['exp_per_s']:.2g} per s (`EXP_PER_S`); exp_bound_fraction = bound / measured. "

@@ -1,6 +1,6 @@
 """Fused Triton kernels against their baselines, side by side: time, achieved TFLOP/s, peak memory (docs/design.md §4).
 
-    python benchmarks/kernels.py [--only pair|attn] [--batches 256 512 1024] [--heads 1 8]
+    python -m benchmarks.kernels [--only pair|attn] [--batches 256 512 1024] [--heads 1 8]
                                  [--seqlens 1024 4096 8192] [--naive-limit-gib 40] [--json rows.json]
 
 pair_score (bf16, T=32, S=197, d_a=d_e=64, B_t=B_i=B): Triton vs the naive einsum (``pair_score_naive``),
@@ -22,18 +22,22 @@ Needs a CUDA GPU; sized for an 80 GB H100 / 141 GB H200.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
+from typing import TYPE_CHECKING
 
-import torch
+from benchmarks.harness import add_json, done_in, write_json
 
 GIB = 1 << 30
-DEVICE, DTYPE = "cuda", torch.bfloat16
+DEVICE, DTYPE = "cuda", "bfloat16"  # torch.bfloat16 (torch is imported where it is used: importing this does no work)
+if TYPE_CHECKING:
+    import torch
 
 
 def measure(fn, target_s: float = 1.0, max_iters: int = 50) -> dict:
     """Mean milliseconds per call and extra peak memory (GiB) of ``fn`` after warm-up."""
+    import torch
+
     fn()  # warm-up: autotuning, torch.compile, cuDNN / flash selection
     torch.cuda.synchronize()
     t0 = time.perf_counter()
@@ -55,6 +59,8 @@ def measure(fn, target_s: float = 1.0, max_iters: int = 50) -> dict:
 
 def run_case(fn, inputs, backward: bool) -> dict:
     """Time forward (no grad) or forward + backward (grads w.r.t. ``inputs``) of ``fn()``."""
+    import torch
+
     if not backward:
         def step():
             with torch.no_grad():
@@ -93,7 +99,9 @@ def report(title: str, rows: list[dict]) -> None:
 
 
 def _randn(*shape) -> torch.Tensor:
-    return torch.randn(*shape, device=DEVICE, dtype=DTYPE)
+    import torch
+
+    return torch.randn(*shape, device=DEVICE, dtype=getattr(torch, DTYPE))
 
 
 def _bind(fn, leaves, q_mask, k_mask):
@@ -102,6 +110,8 @@ def _bind(fn, leaves, q_mask, k_mask):
 
 
 def bench_pair_score(args) -> list[dict]:
+    import torch
+
     from mmgeo.kernels.pair_score import pair_score, pair_score_naive, pair_score_reference
 
     compiled_naive = torch.compile(pair_score_naive)
@@ -156,6 +166,7 @@ def _causal(b, h, i, j):
 
 
 def bench_attention(args) -> list[dict]:
+    import torch
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     flex = torch.compile(flex_attention)
@@ -198,10 +209,12 @@ def main() -> None:
     p.add_argument("--attn-heads", type=int, default=16)
     p.add_argument("--naive-limit-gib", type=float, default=40.0,
                    help="skip the naive pair_score where its predicted weights pass this")
-    p.add_argument("--json", default=None, help="also write every row here")
+    add_json(p, "every row")
     a = p.parse_args()
+    import torch
+
     if not torch.cuda.is_available():
-        raise SystemExit("benchmarks/kernels.py needs a CUDA GPU (written for an H100 / H200) and found none. "
+        raise SystemExit("python -m benchmarks.kernels needs a CUDA GPU (written for an H100 / H200) and found none. "
                          "Without one, check correctness with: TRITON_INTERPRET=1 pytest tests/kernels")
     os.environ["MMGEO_KERNELS"] = "triton"  # fail loudly rather than time the reference by accident
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -211,12 +224,9 @@ def main() -> None:
         rows += bench_pair_score(a)
     if a.only in (None, "attn"):
         rows += bench_attention(a)
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(rows, f, indent=2)
+    write_json(a.json, rows, indent=2)
 
 
 if __name__ == "__main__":
-    start = time.time()
-    main()
-    print(f"\ndone in {time.time() - start:.0f} s")
+    with done_in(lambda msg: print(f"\n{msg}")):
+        main()

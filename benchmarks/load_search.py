@@ -1,7 +1,7 @@
 """Load test of the search service on loopback: QPS and p50/p99/p99.9/max latency of POST /search, re-rank off and
 on.
 
-    python benchmarks/load_search.py [--count 100000] [--clients 1 8 32] [--seconds 8] [--max-requests 3000]
+    python -m benchmarks.load_search [--count 100000] [--clients 1 8 32] [--seconds 8] [--max-requests 3000]
                                      [--client raw|httpx] [--codec fp16|sq8|pq8|...] [--keep-patches N]
                                      [--rerank off|on|both] [--server-args ARGS ...] [--rounds R]
 
@@ -34,9 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from mmgeo.search.codecs import CODECS  # noqa: E402 - after the path
+from benchmarks.harness import ROOT, add_json, alternate, write_json
 
 
 def prepare(workdir: Path, count: int, index_type: str, codec: str = "fp16", keep_patches: int | None = None) -> Path:
@@ -278,6 +276,8 @@ def summarize(rows: list[dict], variants: list[str]) -> None:
 
 
 def main(argv=None) -> int:
+    from mmgeo.search.codecs import CODECS
+
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--count", type=int, default=100_000)
     p.add_argument("--index-type", default="auto", choices=["auto", "flat", "hnsw", "ivfpq"])
@@ -296,7 +296,7 @@ def main(argv=None) -> int:
                         "environment); give it again to compare server variants side by side (each round runs "
                         "every variant in turn)")
     p.add_argument("--rounds", type=int, default=1, help="rounds over the variants (alternated); >1 adds a summary")
-    p.add_argument("--json", default=None, help="also write the rows here")
+    add_json(p, "the rows")
     args = p.parse_args(argv)
     if args.rounds < 1:
         p.error(f"--rounds must be at least 1, got {args.rounds}")
@@ -309,34 +309,36 @@ def main(argv=None) -> int:
     import httpx
 
     rows = []
-    for rnd in range(args.rounds):
-        for variant in variants:
-            server, url = start_server(index, variant)
-            try:
-                health = httpx.get(url + "/health").json()
-                print(f"{f'round {rnd + 1}/{args.rounds}: ' if args.rounds > 1 else ''}server up"
-                      f"{f' ({variant})' if variant else ''}: {health['images']:,} images, index "
-                      f"{health['index_type']}, {args.codec} re-rank store"
-                      f"{f' of {args.keep_patches} patches per image' if args.keep_patches else ''}; "
-                      f"{os.cpu_count()} CPU core(s) shared by server and clients ({args.client} client)", flush=True)
-                print(f"{'rerank':>7} {'clients':>7} {'requests':>8} {'QPS':>8} {'p50 ms':>8} {'p99 ms':>8} "
-                      f"{'p99.9 ms':>8} {'max ms':>8} {'errors':>6} {'server mean ms':>14} {'server CPU ms/req':>17} "
-                      f"{'client CPU ms/req':>17}")
-                for rerank, c in settings:
-                    r = measure(server, url, texts, c, rerank, args)
-                    r.update(server_args=variant, round=rnd)
-                    rows.append(r)
-                    print(f"{'top100' if rerank else 'off':>7} {c:>7} {r['requests']:>8} {r['qps']:>8.1f} "
-                          f"{r['p50_ms']:>8.1f} {r['p99_ms']:>8.1f} {r['p999_ms']:>8.1f} {r['max_ms']:>8.1f} "
-                          f"{r['errors']:>6} {fmt(r['server_mean_ms'], 1):>14} "
-                          f"{fmt(r['server_cpu_ms_per_request']):>17} {fmt(r['client_cpu_ms_per_request']):>17}",
-                          flush=True)
-            finally:
-                stop_server(server)
+
+    def serve_and_measure(variant: str, rnd: int) -> None:
+        """Start the server variant, run every setting against it (rows in the order they ran), stop it."""
+        server, url = start_server(index, variant)
+        try:
+            health = httpx.get(url + "/health").json()
+            print(f"{f'round {rnd + 1}/{args.rounds}: ' if args.rounds > 1 else ''}server up"
+                  f"{f' ({variant})' if variant else ''}: {health['images']:,} images, index "
+                  f"{health['index_type']}, {args.codec} re-rank store"
+                  f"{f' of {args.keep_patches} patches per image' if args.keep_patches else ''}; "
+                  f"{os.cpu_count()} CPU core(s) shared by server and clients ({args.client} client)", flush=True)
+            print(f"{'rerank':>7} {'clients':>7} {'requests':>8} {'QPS':>8} {'p50 ms':>8} {'p99 ms':>8} "
+                  f"{'p99.9 ms':>8} {'max ms':>8} {'errors':>6} {'server mean ms':>14} {'server CPU ms/req':>17} "
+                  f"{'client CPU ms/req':>17}")
+            for rerank, c in settings:
+                r = measure(server, url, texts, c, rerank, args)
+                r.update(server_args=variant, round=rnd)
+                rows.append(r)
+                print(f"{'top100' if rerank else 'off':>7} {c:>7} {r['requests']:>8} {r['qps']:>8.1f} "
+                      f"{r['p50_ms']:>8.1f} {r['p99_ms']:>8.1f} {r['p999_ms']:>8.1f} {r['max_ms']:>8.1f} "
+                      f"{r['errors']:>6} {fmt(r['server_mean_ms'], 1):>14} "
+                      f"{fmt(r['server_cpu_ms_per_request']):>17} {fmt(r['client_cpu_ms_per_request']):>17}",
+                      flush=True)
+        finally:
+            stop_server(server)
+
+    alternate(variants, args.rounds, serve_and_measure)  # each round starts every variant in turn
     if args.rounds > 1 or len(variants) > 1:
         summarize(rows, variants)
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1))
+    write_json(args.json, rows)
     return 0 if all(r["errors"] == 0 for r in rows) else 1
 
 

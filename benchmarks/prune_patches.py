@@ -1,9 +1,9 @@
 """Patch pruning's criteria side by side: how much exact text->image R@1 survives when each image keeps only S' of
 its S patches (keys and values), chosen by three criteria.
 
-    python benchmarks/prune_patches.py --ckpt runs/synthetic/model.pt [--keep 27 18 12 9] [--queries 200]
+    python -m benchmarks.prune_patches --ckpt runs/synthetic/model.pt [--keep 27 18 12 9] [--queries 200]
                                        [--captions-per-image 1] [--json out.json]
-    python benchmarks/prune_patches.py --ckpt M --limit 40 --keep 8 --queries 10      # smoke run
+    python -m benchmarks.prune_patches --ckpt M --limit 40 --keep 8 --queries 10      # smoke run
 
 Criteria, per image:
 - attention mass: Σ over a sample of ``--queries`` captions of the *validation* split (never the evaluated ones)
@@ -21,27 +21,19 @@ kept-patch bits — not counted here). Prints a markdown table; --json writes th
 from __future__ import annotations
 
 import argparse
-import json
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from benchmarks.harness import add_checkpoint, add_json, environment, markdown_table, write_json
 
 CRITERIA = ("attention mass", "key norm", "random")
 
 
 def parse(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--ckpt", required=True, help="geometric model.pt (e.g. the default run's runs/synthetic)")
-    p.add_argument("--data", default="synthetic")
-    p.add_argument("--split", default="test")
-    p.add_argument("--limit", type=int, default=None, help="only the first N images of each split")
+    add_checkpoint(p)
     p.add_argument("--keep", type=int, nargs="+", default=[27, 18, 12, 9], help="patches kept per image (S')")
     p.add_argument("--queries", type=int, default=200, help="validation captions whose attention ranks patches")
     p.add_argument("--captions-per-image", type=int, default=1, help="evaluated captions per test image")
-    p.add_argument("--json", default=None, help="also write the rows here")
+    add_json(p, "the rows")
     return p.parse_args(argv)
 
 
@@ -97,13 +89,11 @@ def main(argv=None) -> list[dict]:
                              **sizes(keep)})
     print(f"{len(texts)} captions x {N} images ({args.data} {args.split}), {S} patches, {len(val_rows)} validation "
           f"queries rank the patches; exact geometric text->image R@1")
-    print("| patches kept | criterion | text→image R@1 | fp16 bytes | rq8 bytes |\n|---:|---|---:|---:|---:|")
-    for r in rows:
-        print(f"| {r['keep']} | {r['criterion']} | {r['text_to_image_R@1']:.1f} | {r['fp16_bytes']:,} | "
-              f"{r['rq8_bytes']:,} |")
-    if args.json:
-        Path(args.json).write_text(json.dumps({"captions": len(texts), "images": N, "patches": S,
-                                               "queries": len(val_rows), "rows": rows}, indent=1))
+    print(markdown_table(["patches kept", "criterion", "text→image R@1", "fp16 bytes", "rq8 bytes"],
+                         ([r["keep"], r["criterion"], f"{r['text_to_image_R@1']:.1f}", f"{r['fp16_bytes']:,}",
+                           f"{r['rq8_bytes']:,}"] for r in rows), align="rlrrr"))
+    write_json(args.json, {"captions": len(texts), "images": N, "patches": S, "queries": len(val_rows), "rows": rows,
+                           "environment": environment()})
     return rows
 
 

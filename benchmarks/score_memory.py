@@ -1,6 +1,6 @@
 """Peak memory of the geometric score: chunked reference vs naive full einsum, side by side.
 
-    python benchmarks/score_memory.py [--batches 64 128 256 512 1024] [--limit-gib 6] [--backward]
+    python -m benchmarks.score_memory [--batches 64 128 256 512 1024] [--limit-gib 6] [--backward]
 
 Each measurement runs in a fresh subprocess and reports the growth of peak resident memory (CPU,
 ru_maxrss) or of peak allocated memory (CUDA) over what the inputs already hold. The naive version,
@@ -14,7 +14,8 @@ import argparse
 import json
 import subprocess
 import sys
-import time
+
+from benchmarks.harness import ROOT, add_device, add_json, done_in, write_json
 
 WORKER = r"""
 import json, resource, sys, time, torch
@@ -61,9 +62,9 @@ def main() -> None:
     p.add_argument("--dim", type=int, default=32)
     p.add_argument("--limit-gib", type=float, default=6.0, help="skip the naive version above this prediction")
     p.add_argument("--backward", action="store_true", help="measure forward + backward")
-    p.add_argument("--device", default="cpu")
+    add_device(p)
     p.add_argument("--chunk-elements", type=int, default=1 << 22, help="the chunked version's block bound")
-    p.add_argument("--json", default=None, help="also write the rows here")
+    add_json(p, "the rows")
     a = p.parse_args()
     gib = 1 << 30
     print(f"pair_score peak memory, H={a.heads} T={a.tokens} S={a.patches} d={a.dim}, "
@@ -79,7 +80,8 @@ def main() -> None:
                 row[impl] = None
                 continue
             args = [impl, B, a.heads, a.tokens, a.patches, a.dim, a.device, int(a.backward), a.chunk_elements]
-            out = subprocess.run([sys.executable, "-c", WORKER, *map(str, args)], capture_output=True, text=True)
+            out = subprocess.run([sys.executable, "-c", WORKER, *map(str, args)], cwd=ROOT, capture_output=True,
+                                 text=True)
             if out.returncode:
                 raise SystemExit(f"{impl} B={B} failed:\n{out.stderr[-2000:]}")
             row[impl] = json.loads(out.stdout.strip().splitlines()[-1])
@@ -90,12 +92,9 @@ def main() -> None:
         ratio = f"{n['extra_bytes'] / max(c['extra_bytes'], 1):.1f}x" if n else "-"
         print(f"{B:>8} {row['weights'] / 1e9:>9.2f}G {naive_gib:>10} {c['extra_bytes'] / gib:>12.2f} {ratio:>14} "
               f"{naive_s:>8} {c['seconds']:>10.2f}")
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(rows, f, indent=2)
+    write_json(a.json, rows, indent=2)
 
 
 if __name__ == "__main__":
-    start = time.time()
-    main()
-    print(f"done in {time.time() - start:.0f} s")
+    with done_in():
+        main()

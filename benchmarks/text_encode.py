@@ -1,7 +1,7 @@
 """Text encoder speed side by side: a BERT tower's own forward over padded captions against ``packed_bert_states``
 (the same weights over the real tokens only, what ``encode_text`` runs), per batch size, in one process.
 
-    python benchmarks/text_encode.py [--ckpt model.pt] [--batch-sizes 1 8 32 256] [--batches 40] [--rounds 5]
+    python -m benchmarks.text_encode [--ckpt model.pt] [--batch-sizes 1 8 32 256] [--batches 40] [--rounds 5]
                                      [--threads 1] [--json out.json]
 
 Captions are the synthetic test split's (``ShapesWorld``), drawn at random (seeded) into ``--batches`` batches of
@@ -14,14 +14,11 @@ init) is timed: the arithmetic is the same as a trained one's.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import statistics
-import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmarks.harness import add_json, alternate, environment, write_json
 
 
 def main(argv=None) -> dict:
@@ -31,12 +28,11 @@ def main(argv=None) -> dict:
     p.add_argument("--batches", type=int, default=40, help="batches per size")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--json", default=None)
+    add_json(p)
     args = p.parse_args(argv)
     if min(args.batch_sizes) < 1 or args.batches < 1 or args.rounds < 1:
         p.error("--batch-sizes, --batches and --rounds must be positive")
 
-    sys.path.insert(0, str(ROOT))
     import torch
 
     import mmgeo
@@ -64,14 +60,17 @@ def main(argv=None) -> dict:
         for B in args.batch_sizes:
             toks = [model.tokenize(rng.sample(captions, B)) for _ in range(args.batches)]
             diff = max(float((own(t) - packed(t))[t["attention_mask"].bool()].abs().max()) for t in toks[:4])
-            times = {"own": [], "packed": []}
-            for _ in range(args.rounds):
-                for name, fn in (("own", own), ("packed", packed)):
-                    fn(toks[0])  # warm
-                    start = time.perf_counter()
-                    for t in toks:
-                        fn(t)
-                    times[name].append((time.perf_counter() - start) / len(toks) * 1e3)
+
+            def per_batch_ms(name: str, r: int, toks=toks) -> float:
+                """One round of one way: ms per batch over all the batches, after a warm call."""
+                fn = {"own": own, "packed": packed}[name]
+                fn(toks[0])  # warm
+                start = time.perf_counter()
+                for t in toks:
+                    fn(t)
+                return (time.perf_counter() - start) / len(toks) * 1e3
+
+            times = alternate(("own", "packed"), args.rounds, per_batch_ms)
             pad = 1 - sum(int(t["attention_mask"].sum()) for t in toks) / sum(t["attention_mask"].numel() for t in toks)
             own_ms, packed_ms = statistics.median(times["own"]), statistics.median(times["packed"])
             rows.append({"batch": B, "padding": round(pad, 3), "own_ms": round(own_ms, 3),
@@ -83,9 +82,9 @@ def main(argv=None) -> dict:
     for r in rows:
         print(f"{r['batch']:>6} {r['padding']:>8.1%} {r['own_ms']:>8.2f} {r['packed_ms']:>10.2f} {r['ratio']:>11.2f} "
               f"{r['max_abs_diff']:>11.2e}")
-    out = {"ckpt": args.ckpt, "threads": args.threads, "rounds": args.rounds, "rows": rows}
-    if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=1))
+    out = {"ckpt": args.ckpt, "threads": args.threads, "rounds": args.rounds, "rows": rows,
+           "environment": environment()}
+    write_json(args.json, out)
     return out
 
 

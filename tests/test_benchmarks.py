@@ -1,4 +1,5 @@
-"""The benchmark scripts run (at toy sizes) and print what they promise."""
+"""The benchmark scripts run (at toy sizes, as ``python -m benchmarks.NAME``) and print what they promise; the
+packages benchmarks and experiments import without doing work, edit no sys.path and import no cycle."""
 
 import contextlib
 import json
@@ -16,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_score_memory_prints_side_by_side_and_skips_naive_past_the_limit(tmp_path):
     out = tmp_path / "rows.json"
-    args = [sys.executable, "benchmarks/score_memory.py", "--batches", "8", "64", "--tokens", "4", "--patches", "4",
+    args = [sys.executable, "-m", "benchmarks.score_memory", "--batches", "8", "64", "--tokens", "4", "--patches", "4",
             "--dim", "4", "--limit-gib", "0.0001", "--chunk-elements", "256", "--json", str(out)]
     res = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, check=True)
     assert "naive GiB" in res.stdout and "chunked GiB" in res.stdout
@@ -29,8 +30,9 @@ def test_load_search_reports_both_clients_without_errors(tmp_path):
     """Toy gallery, 1 and 2 clients, a few requests: the light raw client and httpx both parse every reply."""
     for client in ("raw", "httpx"):
         out = tmp_path / f"{client}.json"
-        args = [sys.executable, "benchmarks/load_search.py", "--count", "300", "--clients", "1", "2", "--seconds", "2",
-                "--max-requests", "12", "--workdir", str(tmp_path / "work"), "--client", client, "--json", str(out)]
+        args = [sys.executable, "-m", "benchmarks.load_search", "--count", "300", "--clients", "1", "2",
+                "--seconds", "2", "--max-requests", "12", "--workdir", str(tmp_path / "work"), "--client", client,
+                "--json", str(out)]
         res = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=300)
         assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
         rows = json.loads(out.read_text())
@@ -45,7 +47,7 @@ def test_load_search_alternates_server_variants_over_rounds_and_summarizes(tmp_p
     """Two server variants, two rounds, re-rank on only: four rows in the order round 1 (A, B), round 2 (A, B),
     each tagged with its variant and round, and a summary line per variant."""
     out = tmp_path / "rows.json"
-    args = [sys.executable, "benchmarks/load_search.py", "--count", "300", "--clients", "1", "--rerank", "on",
+    args = [sys.executable, "-m", "benchmarks.load_search", "--count", "300", "--clients", "1", "--rerank", "on",
             "--seconds", "2", "--max-requests", "6", "--rounds", "2", "--server-args", "",
             "--server-args", "TOKENIZERS_PARALLELISM=false --batch-workers 1", "--workdir", str(tmp_path / "work"),
             "--json", str(out)]
@@ -61,8 +63,7 @@ def test_load_search_alternates_server_variants_over_rounds_and_summarizes(tmp_p
 
 
 def test_load_search_reads_leading_assignments_as_the_servers_environment():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from load_search import split_server_args
+    from benchmarks.load_search import split_server_args
 
     assert split_server_args("A=1 B='x y' --workers 2 --opt=v") == (["--workers", "2", "--opt=v"],
                                                                    {"A": "1", "B": "x y"})
@@ -73,8 +74,7 @@ def test_load_search_reads_leading_assignments_as_the_servers_environment():
 @pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="reads /proc (Linux)")
 def test_load_search_counts_the_cpu_of_a_servers_worker_processes():
     """A parent that only waits, its child burning ~0.6 s of CPU: the tree's CPU time includes the child's."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from load_search import tree_cpu_seconds
+    from benchmarks.load_search import tree_cpu_seconds
 
     burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.6: pass\ntime.sleep(30)"
     parent = subprocess.Popen([sys.executable, "-c", f"import subprocess, sys; subprocess.run([sys.executable, '-c', "
@@ -97,8 +97,8 @@ def test_train_speed_tiny(tmp_path):
     """Smoke size, this checkout against itself given as a path (no git history needed): JSON keys, throughputs.
     One torch thread: on a shared 2-core machine two threads can be many times slower (and the test much longer)."""
     out = tmp_path / "speed.json"
-    args = [sys.executable, "benchmarks/train_speed.py", "--tiny", "--steps", "3", "--warmup", "1", "--json", str(out),
-            "--compare", str(ROOT), "--", "--trainer.threads", "1"]
+    args = [sys.executable, "-m", "benchmarks.train_speed", "--tiny", "--steps", "3", "--warmup", "1",
+            "--json", str(out), "--compare", str(ROOT), "--", "--trainer.threads", "1"]
     res = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
     data = json.loads(out.read_text())
@@ -125,35 +125,12 @@ def test_train_speed_counts_a_linear_layers_three_gemms():
     2·m·n·k FLOPs each (addmm once, mm twice), nothing counted twice through aten::linear / aten::matmul."""
     import torch
 
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from train_speed import gemm_gflop
+    from benchmarks.train_speed_child import gemm_gflop
 
     layer, x = torch.nn.Linear(96, 40), torch.randn(50, 96, requires_grad=True)
     assert gemm_gflop(lambda: layer(x).sum().backward()) == pytest.approx(3 * 2 * 50 * 96 * 40 / 1e9)
     w = torch.randn(3, 20, 8)
     assert gemm_gflop(lambda: torch.matmul(torch.randn(3, 10, 20), w)) == pytest.approx(2 * 3 * 10 * 20 * 8 / 1e9)
-
-
-def test_compare_table_means_over_seeds(tmp_path):
-    """Two seeds of one model: mean, sample std and lowest seed of R@1 and of each edit type, per split."""
-    def run(name, seed, r1, swap):
-        d = tmp_path / f"{name}_s{seed}"
-        d.mkdir()
-        (d / "config.yaml").write_text(f"# python train.py --config x\nmodel: {name}\n")
-        for split in ("test", "cogent"):
-            result = {"metrics": {"text_to_image_R@1": r1, "image_to_text_R@1": r1},
-                      "compositional": {"edits": {"swap_color": {"accuracy": swap, "n": 10}},
-                                        "all_edits": {"accuracy": swap, "n": 10},
-                                        "consistency": {"all_rewrites": {"consistency": 1.0, "n": 4}}}}
-            (d / f"results_{split}.json").write_text(json.dumps(result))
-        return str(d)
-
-    runs = [run("geo-tiny", 0, 0.9, 0.8), run("geo-tiny", 1, 0.8, 1.0)]
-    res = subprocess.run([sys.executable, "benchmarks/compare_table.py", *runs], cwd=ROOT, capture_output=True,
-                         text=True, check=True)
-    assert "| swap_color | 90.0 ± 14.1 (80.0) |" in res.stdout
-    table = json.loads((tmp_path / "compare.json").read_text())
-    assert table["cogent"]["text→image R@1"]["geo-tiny"]["seeds"] == pytest.approx([90.0, 80.0])
 
 
 def test_codecs_benchmark_reports_every_codec_and_fills_its_section(tmp_path):
@@ -169,7 +146,7 @@ def test_codecs_benchmark_reports_every_codec_and_fills_its_section(tmp_path):
     mmgeo.save_model(mmgeo.create_model("geo-tiny", **{**TINY, "d_a": 16, "d_e": 16}).eval(), ckpt)
     doc = tmp_path / "doc.md"
     doc.write_text("before\n<!-- codecs:start -->\nold\n<!-- codecs:end -->\nafter\n")
-    args = [sys.executable, "benchmarks/codecs.py", "--ckpt", str(ckpt), "--limit", "20", "--codecs", "fp16", "sq8",
+    args = [sys.executable, "-m", "benchmarks.codecs", "--ckpt", str(ckpt), "--limit", "20", "--codecs", "fp16", "sq8",
             "pq16", "--latency-queries", "3", "--k-prime", "8", "--out", str(tmp_path / "out"), "--report-to", str(doc),
             "--keep-patches", "14", "--prune-queries", "5"]  # 14 of 16 patches: 280 per head, enough to train pq16
     res = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -186,7 +163,7 @@ def test_codecs_benchmark_reports_every_codec_and_fills_its_section(tmp_path):
         assert 0 <= row["text_to_image_R@1"] <= 1 and row["p99_ms"] >= row["median_ms"] > 0
     assert data["projected"]["fp16"]["1000000"] == data["projected"]["fp16"]["bytes_per_image"] * 10 ** 6
     text = doc.read_text()
-    assert text.startswith("before\n<!-- codecs:start -->\n`python benchmarks/codecs.py") and "old" not in text
+    assert text.startswith("before\n<!-- codecs:start -->\n`python -m benchmarks.codecs") and "old" not in text
     assert text.endswith("<!-- codecs:end -->\nafter\n") and "| pq16 | 64 | 1/32.2 |" in text
 
 
@@ -202,7 +179,7 @@ def test_prune_patches_reports_every_criterion(tmp_path):
     ckpt = tmp_path / "m.pt"
     mmgeo.save_model(mmgeo.create_model("geo-tiny", **TINY).eval(), ckpt)
     out = tmp_path / "prune.json"
-    args = [sys.executable, "benchmarks/prune_patches.py", "--ckpt", str(ckpt), "--limit", "20", "--keep", "16", "8",
+    args = [sys.executable, "-m", "benchmarks.prune_patches", "--ckpt", str(ckpt), "--limit", "20", "--keep", "16", "8",
             "--queries", "5", "--json", str(out)]
     res = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
@@ -230,7 +207,7 @@ def test_cpu_score_compares_two_checkouts_on_the_same_numbers(tmp_path):
     from mmgeo.kernels.pair_score import pair_score_naive
 
     out = tmp_path / "cpu.json"
-    args = [sys.executable, "benchmarks/cpu_score.py", "--captions", "12", "--images", "7", "--gallery", "40",
+    args = [sys.executable, "-m", "benchmarks.cpu_score", "--captions", "12", "--images", "7", "--gallery", "40",
             "--codec", "sq8", "--queries", "3", "--repeats", "1", "--compare", str(ROOT), "--json", str(out)]
     res = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
@@ -241,8 +218,7 @@ def test_cpu_score_compares_two_checkouts_on_the_same_numbers(tmp_path):
     assert "| exact scoring, 12 × 7 pairs, 2 threads (s) |" in res.stdout and "current / ref" in res.stdout
     floor = data["floor"]  # FLOPs of the two GEMMs per head over the real tokens: 2·N·images·S·H·(d_a + d_e)
     assert floor["gemm_peak_gflops"] > 0 and "arithmetic floor" in res.stdout
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from cpu_score import make_inputs
+    from benchmarks.cpu_score import make_inputs
 
     ns = argparse.Namespace(captions=12, images=7, tokens=[20, 41], gallery=40, codec="sq8")
     made = make_inputs(ns, tmp_path)
@@ -256,8 +232,8 @@ def test_cpu_score_compares_two_checkouts_on_the_same_numbers(tmp_path):
 
 def test_text_encode_times_both_ways_on_the_same_batches(tmp_path):
     out = tmp_path / "text.json"
-    args = [sys.executable, "benchmarks/text_encode.py", "--batch-sizes", "1", "6", "--batches", "2", "--rounds", "2",
-            "--json", str(out)]
+    args = [sys.executable, "-m", "benchmarks.text_encode", "--batch-sizes", "1", "6", "--batches", "2",
+            "--rounds", "2", "--json", str(out)]
     res = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=300,
                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
@@ -266,3 +242,108 @@ def test_text_encode_times_both_ways_on_the_same_batches(tmp_path):
     assert [r["batch"] for r in rows] == [1, 6]
     assert rows[0]["padding"] == 0 and rows[1]["padding"] > 0  # six captions of different lengths are padded
     assert all(len(r["own_all"]) == len(r["packed_all"]) == 2 and r["max_abs_diff"] < 1e-4 for r in rows)
+
+
+PACKAGES = ("benchmarks", "experiments")
+
+
+def _modules() -> dict[str, Path]:
+    return {f"{pkg}.{p.stem}" if p.stem != "__init__" else pkg: p for pkg in PACKAGES
+            for p in sorted((ROOT / pkg).glob("*.py"))}
+
+
+def test_every_script_imports_without_work_and_runs_as_a_module():
+    """Importing any of them (a fresh interpreter, from the repository root) loads no torch, numpy or mmgeo and
+    prints nothing; every script but the harness's helpers has a main() behind ``if __name__ == "__main__"``."""
+    import ast
+
+    names = sorted(_modules())
+    code = ("import importlib, sys\n"
+            f"for name in {names!r}:\n    importlib.import_module(name)\n"
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'numpy', 'mmgeo', 'lightning'}))")
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert res.stdout == "[]\n" and not res.stderr, res.stdout + res.stderr
+    helpers = {"__init__", "harness", "gpu_check_inputs", "gpu_check_report", "compare_report"}
+    for name, path in _modules().items():
+        if path.stem in helpers:
+            continue
+        tree = ast.parse(path.read_text())
+        assert any(isinstance(n, ast.FunctionDef) and n.name == "main" for n in tree.body), name
+        assert any(isinstance(n, ast.If) and "__main__" in ast.unparse(n.test) for n in tree.body), name
+
+
+def test_no_sys_path_edits_and_no_import_cycles():
+    """Imports resolve from the repository root (``python -m``), never through sys.path edits; benchmarks and
+    experiments import no cycle (lazy imports inside functions count), and benchmarks never imports experiments."""
+    import ast
+
+    modules = _modules()
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        graph[name] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and ast.unparse(node) == "sys.path":
+                raise AssertionError(f"{path.relative_to(ROOT)}:{node.lineno} touches sys.path")
+            if isinstance(node, ast.Import):
+                graph[name] |= {a.name for a in node.names if a.name in modules}
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                subs = {f"{node.module}.{a.name}" for a in node.names}
+                graph[name] |= (subs & set(modules)) or ({node.module} & set(modules))
+        graph[name].discard(name)
+    assert not [(m, d) for m, deps in graph.items() for d in deps
+                if m.startswith("benchmarks") and d.startswith("experiments")]
+
+    def visit(m, stack):
+        for dep in graph[m]:
+            assert dep not in stack, "import cycle: " + " -> ".join([*stack, dep])
+            visit(dep, [*stack, dep])
+
+    for m in graph:
+        visit(m, [m])
+
+
+def test_harness_alternates_rounds_and_writes_reports(tmp_path):
+    from benchmarks import harness
+
+    calls = []
+    out = harness.alternate(["a", "b", "c"], 3, lambda n, r: calls.append((r, n)) or f"{n}{r}")
+    assert calls == [(r, n) for r in range(3) for n in "abc"] and out == {n: [f"{n}{r}" for r in range(3)]
+                                                                         for n in "abc"}
+    calls.clear()
+    harness.alternate(["a", "b", "c"], 3, lambda n, r: calls.append(n), rotate=True)
+    assert calls == list("bca" "cab" "abc")  # who goes first moves on each round
+    assert harness.median([3.0, None, 1.0, 2.0]) == 2.0 and harness.median([None]) is None
+    assert harness.markdown_table(["x", "y"], [[1, "a"]], align="rl") == "| x | y |\n|---:|---|\n| 1 | a |"
+
+    doc = tmp_path / "doc.md"
+    doc.write_text("top\n<!-- t:start -->\nold\n<!-- t:end -->\nbottom\n")
+    harness.report_to(doc, "t", "new table\n")
+    assert doc.read_text() == "top\n<!-- t:start -->\nnew table\n<!-- t:end -->\nbottom\n"
+    with pytest.raises(SystemExit, match="no section marked"):
+        harness.check_markers(doc, "other")
+    harness.write_json(tmp_path / "r.json", {"a": 1})
+    harness.write_json(None, {"a": 1})  # no --json: nothing written
+    assert json.loads((tmp_path / "r.json").read_text()) == {"a": 1}
+
+    env = harness.environment()
+    assert {"machine", "cpu", "cpus", "python", "commit", "command"} <= set(env)
+    assert env["commit"] == "unknown" or len(env["commit"].split("+")[0]) >= 7
+    assert harness.commit(tmp_path) == "unknown"  # not a git checkout
+
+
+def test_a_child_runs_in_the_checkout_it_measures(tmp_path):
+    """``run_in_checkout``: a file of this tree runs with the other checkout first on sys.path (its mmgeo, its
+    train.py), not this tree's and not the file's own folder; its arguments come through."""
+    from benchmarks import harness
+
+    other = tmp_path / "checkout"
+    (other / "mmgeo").mkdir(parents=True)
+    (other / "mmgeo" / "__init__.py").write_text("WHERE = 'other checkout'\n")
+    script = tmp_path / "here" / "child.py"
+    script.parent.mkdir()
+    (script.parent / "mmgeo.py").write_text("WHERE = 'next to the script'\n")
+    script.write_text("import json, sys\nimport mmgeo\nprint(json.dumps([mmgeo.WHERE, sys.argv]))\n")
+    res = harness.run_in_checkout(script, ["a", "--b"], other, capture_output=True, text=True, check=True)
+    where, argv = json.loads(res.stdout)
+    assert where == "other checkout" and argv == [str(script), "a", "--b"]
+    assert not list(other.rglob("__pycache__"))  # nothing written into the checkout

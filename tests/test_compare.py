@@ -1,5 +1,6 @@
-"""benchmarks/compare.py at its tiny budget: the same recipe search for both models, the best recipe written as a
-config, three seeds on test and cogent, the report; a second run reuses every run."""
+"""python -m experiments.compare at its tiny budget: the same recipe search for both models, the best recipe written as
+a config, three seeds on test and cogent, the report; a second run reuses every run. experiments.compare_table over
+finished runs."""
 
 import json
 import os
@@ -19,8 +20,8 @@ MODELS = ("geo-tiny", "clip-tiny")
 def _compare(out: Path) -> tuple[subprocess.CompletedProcess, float]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     start = time.time()
-    res = subprocess.run([sys.executable, "benchmarks/compare.py", "--budget", "tiny", "--out", str(out)], cwd=ROOT,
-                         env=env, capture_output=True, text=True, timeout=600)
+    res = subprocess.run([sys.executable, "-m", "experiments.compare", "--budget", "tiny", "--out", str(out)],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
     return res, time.time() - start
 
@@ -76,7 +77,7 @@ def test_compare_tiny_searches_alike_reports_and_resumes(tmp_path):
     for text in ("### Recipe search", "| **lr=", "### Chosen recipes", "### test split", "### cogent split",
                  "| text→image R@1 |", "| image→text R@10 |", "| all edits |", "### Margin, geometric − baseline",
                  "| test | text→image R@1 | ", "### Training loss plateau", "| clip-tiny (baseline) | 2.08 |",
-                 "commit ", "python benchmarks/compare.py --budget tiny --out"):
+                 "commit ", "python -m experiments.compare --budget tiny --out"):
         assert text in md, text
     assert (out / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     runs = 2 * (4 + 3)
@@ -93,17 +94,12 @@ def test_compare_tiny_searches_alike_reports_and_resumes(tmp_path):
     assert second_s < first_s / 2, (first_s, second_s)
 
 
-def test_a_run_killed_before_its_first_checkpoint_is_trained_again(tmp_path, monkeypatch):
+def test_a_run_killed_before_its_first_checkpoint_is_trained_again(tmp_path):
     """A folder with a metrics.csv but no model.pt and no step checkpoint: trained again over it (--overwrite),
     not refused as an existing run; its other files stay."""
-    import importlib.util
-
+    from experiments import compare
     from tests.conftest import TINY
 
-    spec = importlib.util.spec_from_file_location("compare", ROOT / "benchmarks" / "compare.py")
-    compare = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "compare", compare)  # its dataclasses look their module up
-    spec.loader.exec_module(compare)
     run = tmp_path / "run"
     overrides = ["--trainer.max_steps", "2", "--trainer.batch_size", "8", "--data.train_size", "16",
                  "--data.val_size", "0", "--data.num_workers", "0", "--aids.diagnostics_every_n_steps", "0",
@@ -117,3 +113,25 @@ def test_a_run_killed_before_its_first_checkpoint_is_trained_again(tmp_path, mon
     assert how == "trained" and (run / "model.pt").is_file() and (run / "notes.txt").read_text() == "kept"
     assert "9.0" not in (run / "metrics.csv").read_text()
     assert compare.train_run("configs/synthetic.yaml", overrides, run)[0] == "reused"
+
+
+def test_compare_table_means_over_seeds(tmp_path):
+    """Two seeds of one model: mean, sample std and lowest seed of R@1 and of each edit type, per split."""
+    def run(name, seed, r1, swap):
+        d = tmp_path / f"{name}_s{seed}"
+        d.mkdir()
+        (d / "config.yaml").write_text(f"# python train.py --config x\nmodel: {name}\n")
+        for split in ("test", "cogent"):
+            result = {"metrics": {"text_to_image_R@1": r1, "image_to_text_R@1": r1},
+                      "compositional": {"edits": {"swap_color": {"accuracy": swap, "n": 10}},
+                                        "all_edits": {"accuracy": swap, "n": 10},
+                                        "consistency": {"all_rewrites": {"consistency": 1.0, "n": 4}}}}
+            (d / f"results_{split}.json").write_text(json.dumps(result))
+        return str(d)
+
+    runs = [run("geo-tiny", 0, 0.9, 0.8), run("geo-tiny", 1, 0.8, 1.0)]
+    res = subprocess.run([sys.executable, "-m", "experiments.compare_table", *runs], cwd=ROOT, capture_output=True,
+                         text=True, check=True)
+    assert "| swap_color | 90.0 ± 14.1 (80.0) |" in res.stdout
+    table = json.loads((tmp_path / "compare.json").read_text())
+    assert table["cogent"]["text→image R@1"]["geo-tiny"]["seeds"] == pytest.approx([90.0, 80.0])

@@ -1,10 +1,13 @@
-"""benchmarks/gpu_check.py --dry-run: the GPU check's code path on CPU (interpreted Triton, tiny shapes)."""
+"""python -m benchmarks.gpu_check --dry-run: the GPU check's code path on CPU (interpreted Triton, tiny shapes); the
+same by path from any folder, with --out relative to that folder or absolute, leaving nothing in the repository."""
 
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SECTIONS = ("correctness", "kernel_speed", "training", "evaluation")
@@ -14,7 +17,7 @@ def test_gpu_check_dry_run_fills_every_section(tmp_path):
     """One dry run: every section ran within its budget with rows, every correctness case that ran passed,
     bf16 and grid-limit cases are skipped with their reason, and the markdown has one table per section."""
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
-    args = [sys.executable, "benchmarks/gpu_check.py", "--dry-run", "--out", str(tmp_path)]
+    args = [sys.executable, "-m", "benchmarks.gpu_check", "--dry-run", "--out", str(tmp_path)]
     res = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
     report = json.loads((tmp_path / "gpu_check.json").read_text())
@@ -72,11 +75,71 @@ def test_gpu_check_without_cuda_asks_for_the_dry_run(tmp_path):
     import torch
 
     if torch.cuda.is_available():
-        import pytest
-
         pytest.skip("a CUDA GPU is present: the real run would start")
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
-    res = subprocess.run([sys.executable, "benchmarks/gpu_check.py", "--out", str(tmp_path)], cwd=ROOT,
+    res = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--out", str(tmp_path)], cwd=ROOT,
                          capture_output=True, text=True, timeout=120, env=env)
     assert res.returncode == 2 and "no CUDA GPU: run with --dry-run on CPU" in res.stderr
     assert not (tmp_path / "gpu_check.json").exists()
+
+
+def _new_files() -> set[str]:
+    """Untracked files of the repository (not ignored), as ``git status`` lists them."""
+    env = dict(os.environ, GIT_OPTIONAL_LOCKS="0")  # a status that takes no lock a concurrent git command needs
+    out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=ROOT, capture_output=True,
+                         text=True, check=True, env=env).stdout
+    return {line[3:] for line in out.splitlines() if line.startswith("??")}
+
+
+@pytest.mark.parametrize("relative", [True, False], ids=["relative-out", "absolute-out"])
+def test_gpu_check_runs_by_path_from_any_folder(tmp_path, relative):
+    """``python /path/to/benchmarks/gpu_check.py --dry-run --out OUT`` started in a folder outside the repository:
+    exit 0, every section with a status (only the evaluation section runs, the rest are skipped as not selected),
+    the report under OUT resolved against that folder, and no file left in the repository."""
+    here = tmp_path / "elsewhere"
+    here.mkdir()
+    out = "gc" if relative else str(tmp_path / "gc")
+    before = _new_files()
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+    args = [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--dry-run", "--sections", "evaluation",
+            "--out", out]
+    res = subprocess.run(args, cwd=here, capture_output=True, text=True, timeout=300, env=env)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    where = here / out if relative else Path(out)
+    report = json.loads((where / "gpu_check.json").read_text())
+    assert set(report) == {"environment", *SECTIONS}
+    assert all(report[name].get("status") for name in SECTIONS), report
+    assert report["evaluation"]["status"] == "ok" and report["evaluation"]["results"]
+    assert all(report[n]["status"] == "skipped" and "not selected" in report[n]["error"] for n in SECTIONS[:3])
+    md = (where / "gpu_check.md").read_text()
+    assert all(f"### {name} (" in md for name in SECTIONS) and "### evaluation (ok" in md
+    assert sorted(p.name for p in where.iterdir()) == ["gpu_check.json", "gpu_check.md"]  # the parts are gone
+    assert not list(ROOT.glob(".*.json")) and not (relative and (ROOT / out).exists())
+    assert _new_files() <= before, sorted(_new_files() - before)
+
+
+def test_a_section_that_writes_no_json_is_reported_failed(tmp_path, monkeypatch):
+    """A section's process that ends without its JSON (exit 0 or a crash): the section gets the status
+    "failed: no output" and the markdown has its table, no KeyError."""
+    from benchmarks import gpu_check
+    from benchmarks.gpu_check_report import markdown
+
+    codes = iter([0, 1, 0, -9])
+
+    class Silent:  # a section process that writes nothing
+        pid = 0
+
+        def __init__(self, args, **kwargs):
+            self.args = args
+
+        def wait(self, timeout=None):
+            return next(codes)
+
+    monkeypatch.setattr(gpu_check.subprocess, "Popen", Silent)
+    report = gpu_check.run_sections(tmp_path, dry=True)
+    assert [report[n]["status"] for n in SECTIONS] == ["failed: no output"] * 4
+    assert "crashed (exit code 1)" in report["kernel_speed"]["error"]
+    env = {"dry_run": True, "gpu": "none (CPU)", "exp_per_s": 1.0, "command": "python -m benchmarks.gpu_check"}
+    md = markdown({"environment": env, **report})
+    assert all(f"### {name} (failed: no output" in md for name in SECTIONS)
+    assert markdown({"environment": env, "training": {"budget_s": 1.0}}).count("failed: no output") == 1

@@ -1,20 +1,14 @@
-"""benchmarks/sweep_da.py at a toy size: two d_a points, a few steps, a tiny model."""
-
-import importlib.util
-from pathlib import Path
+"""python -m experiments.sweep_da at a toy size: two d_a points, a few steps, a tiny model (each point in a child
+process, ``python -m experiments.sweep_da --worker`` from the repository root)."""
 
 import pytest
 
+from experiments import sweep_da as sweep
 from tests.conftest import TINY
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
 def test_sweep_writes_table_and_plot(tmp_path):
-    spec = importlib.util.spec_from_file_location("sweep_da", ROOT / "benchmarks" / "sweep_da.py")
-    sweep = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(sweep)
     md, png = tmp_path / "sweep.md", tmp_path / "sweep.png"
     tiny = [x for k, v in TINY.items() if k != "d_a" for x in (f"--model_args.{k}", str(v))]
     rows = sweep.main(["--d-a", "8", "16", "--steps", "2", "--limit", "4", "--out-dir", str(tmp_path / "runs"),

@@ -1,7 +1,7 @@
 """Attention-space sweep (docs/design.md §8, d_a rule of thumb): train the embedded default at several d_a and
 compare text->image R@1, parameter count and peak memory.
 
-    python benchmarks/sweep_da.py [--d-a 8 16 32 64 128] [--steps 200] [--limit 300] [--trainer.batch_size 32 ...]
+    python -m experiments.sweep_da [--d-a 8 16 32 64 128] [--steps 200] [--limit 300] [--trainer.batch_size 32 ...]
 
 Each d_a trains in its own subprocess (mmgeo.training.train with configs/synthetic.yaml and overrides), then
 scores the synthetic test split exactly (eval.py's protocol; first ``--limit`` images, 5 captions each). Peak memory is
@@ -21,12 +21,11 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmarks.harness import ROOT
 
 
 def worker(spec: dict) -> dict:
     """One sweep point, in this (fresh) process: train, evaluate exactly, measure."""
-    sys.path.insert(0, str(ROOT))
     import torch
 
     import mmgeo.training as training
@@ -62,8 +61,8 @@ def run_point(d_a: int, args, overrides: list[str]) -> dict:
     if args.steps:
         train_args += ["--trainer.max_steps", str(args.steps)]
     spec = {"d_a": d_a, "limit": args.limit, "train_args": train_args}
-    proc = subprocess.run([sys.executable, __file__, "--worker", json.dumps(spec)], cwd=ROOT, capture_output=True,
-                          text=True)
+    proc = subprocess.run([sys.executable, "-m", "experiments.sweep_da", "--worker", json.dumps(spec)], cwd=ROOT,
+                          capture_output=True, text=True)
     if proc.returncode:
         raise RuntimeError(f"sweep point d_a={d_a} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])

@@ -1,4 +1,4 @@
-"""The report of ``benchmarks/compare.py``: mean ± std over seeds, margins paired by seed, the markdown of
+"""The report of ``experiments/compare.py``: mean ± std over seeds, margins paired by seed, the markdown of
 results.md (search grids, chosen recipes, tables, loss plateau, wall time) and compare.png (validation R@1
 against steps and against wall seconds)."""
 
@@ -12,12 +12,12 @@ from pathlib import Path
 PLATEAU_MARGIN = 0.1  # a run has left its loss plateau when train/loss_global < ln B - this
 
 
-def rows_of(result: dict) -> dict[str, float]:
-    """Flat {row: value in %} of one eval JSON (R@1/5/10 both directions, the suite's accuracies)."""
+def rows_of(result: dict, ks: tuple[int, ...] = (1, 5, 10)) -> dict[str, float]:
+    """Flat {row: value in %} of one eval JSON (R@K for each of ``ks``, both directions; the suite's accuracies)."""
     m = result["metrics"]
     rows = {f"{a}→{b} R@{k}": m[f"{d}_R@{k}"] for d, a, b in (("text_to_image", "text", "image"),
                                                                 ("image_to_text", "image", "text"))
-            for k in (1, 5, 10)}
+            for k in ks}
     comp = result.get("compositional")
     if comp:
         rows.update({k: v["accuracy"] for k, v in comp["edits"].items() if v["accuracy"] is not None})
@@ -63,7 +63,7 @@ def cell(s: dict) -> str:
 
 def markdown(data: dict, image: str) -> str:
     models, s = data["models"], data["settings"]
-    out = ["## Geometric model vs baseline, each at its own best recipe (benchmarks/compare.py)", "",
+    out = ["## Geometric model vs baseline, each at its own best recipe (experiments/compare.py)", "",
            f"Every model gets the same recipe search: {s['grid_size']} recipes (lr {s['grid']['lrs']} × initial "
            f"temperature {s['grid']['temperatures']} × caption negatives {s['grid']['caption_negatives']}"
            + "".join(f" × {k.replace('_', ' ')} {s['grid'][k]}" for k in ("weight_decays", "warmup_steps")

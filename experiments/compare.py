@@ -1,10 +1,10 @@
 """Geometric model vs CLIP baseline, each at its own best recipe found with the same search budget, several seeds.
 
-    python benchmarks/compare.py                                   # geo-tiny vs clip-tiny, full budget (hours)
-    python benchmarks/compare.py --models geo-tiny clip-tiny --lrs 5e-4 1e-3 2e-3 --temperatures 0.03 0.07 \
+    python -m experiments.compare                                   # geo-tiny vs clip-tiny, full budget (hours)
+    python -m experiments.compare --models geo-tiny clip-tiny --lrs 5e-4 1e-3 2e-3 --temperatures 0.03 0.07 \
         --caption-negatives 0 2 --search-steps 500 --steps 1000 --seeds 0 1 2 --out runs/compare
-    python benchmarks/compare.py --budget tiny --out /tmp/compare  # toy sizes, a couple of minutes (the test)
-    python benchmarks/compare.py --report-to docs/results.md       # also fill its compare:start/end section
+    python -m experiments.compare --budget tiny --out /tmp/compare  # toy sizes, a couple of minutes (the test)
+    python -m experiments.compare --report-to docs/results.md       # also fill its compare:start/end section
 
 1. Recipe search, the same for every model: each point of the grid learning rate (``--lrs``) × initial temperature
    (``--temperatures``: ``model_args.init_temperature_global``, and ``init_temperature_geo`` for a geometric model)
@@ -38,7 +38,6 @@ import json
 import math
 import os
 import shlex
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -47,11 +46,8 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-from benchmarks.compare_report import PLATEAU_MARGIN, markdown, plot, summarise  # noqa: E402 - after the path
-from benchmarks.report import check_markers, report_to  # noqa: E402
+from benchmarks.harness import ROOT, add_out, add_report_to, check_markers, commit, logger, report_to
+from experiments.compare_report import PLATEAU_MARGIN, markdown, plot, summarise
 
 BASE_CONFIGS = {"geo-tiny": "configs/synthetic.yaml", "clip-tiny": "configs/synthetic_clip.yaml"}
 DEFAULT_BASE = "configs/synthetic.yaml"
@@ -81,8 +77,7 @@ def done(how: str, reused: bool) -> str:
     return "reused: " if reused else f"{how}, " if how.startswith("resumed") else ""
 
 
-def log(msg: str) -> None:
-    print(f"[compare] {msg}", file=sys.stderr, flush=True)
+log = logger("compare")
 
 
 def fmt(v: float) -> str:
@@ -331,9 +326,9 @@ def write_recipe(model: str, best: dict, args: argparse.Namespace, recipes_dir: 
     path = recipes_dir / f"compare_{model}.yaml"
     shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
     text = (f"# python train.py --config {shown}\n"
-            f"# {model} at its best recipe of `benchmarks/compare.py` ({recipe.label}): validation text->image R@1 "
-            f"{100 * best['val_R@1']:.1f}\n# after {args.search_steps} search steps (seed {args.search_seed}), the "
-            f"best of {len(grid(args))} recipes; trained here for {args.steps} steps.\n"
+            f"# {model} at its best recipe of `python -m experiments.compare` ({recipe.label}): validation "
+            f"text->image R@1 {100 * best['val_R@1']:.1f}\n# after {args.search_steps} search steps (seed "
+            f"{args.search_seed}), the best of {len(grid(args))} recipes; trained here for {args.steps} steps.\n"
             + yaml.safe_dump({"name": merged.pop("name"), **merged}, sort_keys=False))
     path.parent.mkdir(parents=True, exist_ok=True)
     if not path.is_file() or path.read_text() != text:
@@ -367,16 +362,6 @@ def final(model: str, recipe_path: Path, args: argparse.Namespace, out: Path, sy
     return rows
 
 
-# ------------------------------------------------------------------------------------------------ the report
-
-def commit() -> str:
-    def git(*a: str) -> str:
-        return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-
-    head = git("rev-parse", "--short", "HEAD") or "unknown"
-    return head + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
-
-
 # ------------------------------------------------------------------------------------------------ the command
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -400,11 +385,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--limit", type=int, help="final: test images scored (full: all)")
     p.add_argument("--suite-limit", type=int, help="final: images of the compositional suite (full: all)")
     p.add_argument("--val-points", type=int, help="validations during each run, for the curves (full: 10)")
-    p.add_argument("--out", default="runs/compare", help="output folder (runs, compare.json, results.md, png)")
+    add_out(p, "runs/compare", "runs, compare.json, results.md, png")
     p.add_argument("--recipes-dir", default=None, help="where the best-recipe configs go (full: configs/, "
                    "tiny: <out>/recipes)")
-    p.add_argument("--report-to", default=None, help="also replace the <!-- compare:start/end --> section of "
-                   "this markdown file with results.md")
+    add_report_to(p, "compare", "results.md")
     args, extra = p.parse_known_args(argv)
     preset = BUDGETS[args.budget]
     for k in ("lrs", "temperatures", "caption_negatives", "search_steps", "steps", "val_limit", "limit", "suite_limit",
@@ -478,7 +462,7 @@ def main(argv: list[str] | None = None) -> dict:
     summary, margins = summarise(models)
     grid_axes = {k: getattr(args, k) for k in ("lrs", "temperatures", "caption_negatives", "weight_decays",
                                                "warmup_steps")}
-    data = {"command": "python benchmarks/compare.py " + shlex.join(argv), "commit": commit(),
+    data = {"command": "python -m experiments.compare " + shlex.join(argv), "commit": commit(),
             "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "wall_s": 0.0,
             "settings": {"budget": args.budget, "grid": grid_axes, "grid_size": len(recipes),
                          "search_steps": args.search_steps, "search_seed": args.search_seed, "steps": args.steps,
