@@ -21,6 +21,9 @@ class Limits:
     # p99 on 2 cores, but not in every state of the test machine (docs/serve.md, "--batch-size")
     batch_wait_ms: float = 3.0  # how long a micro-batch waits for more queries after its first
     batch_workers: int = 2  # micro-batches in flight at once (one gathers at a time; each runs in its own thread)
+    allow_writes: bool = False  # POST /images and DELETE /images/{id} (a database gallery only; no authentication:
+    # open them only where every client may change the gallery)
+    max_upload_files: int = 16  # images in one POST /images (all together within max_upload_bytes)
 
 
 class ApiError(Exception):
@@ -79,6 +82,8 @@ def error_responses(*statuses: int, body_limit: int = JSON_BODY_LIMIT, **describ
     out[413] = {"model": ErrorBody, "description": described.get(
         "s413", f"request body over {body_limit} bytes (refused before it is read)")}
     out[500] = {"model": InternalErrorBody, "description": "internal error; the traceback is logged under request_id"}
+    out[503] = {"model": ErrorBody, "description": "the gallery's database is unavailable or slow (a gallery in "
+                "PostgreSQL only); retry after the Retry-After header's seconds"}
     return out
 
 

@@ -31,7 +31,7 @@ from serve.batching import MicroBatcher
 from serve.errors import add_error_handlers
 from serve.guard import BodySizeGuard
 from serve.metrics import Metrics, MetricsMiddleware
-from serve.routes import add_image_routes, add_info_routes, add_search_routes, description
+from serve.routes import add_image_routes, add_info_routes, add_search_routes, add_write_routes, description
 
 
 def search_batch(model, gallery: Gallery, k_prime: int,
@@ -46,16 +46,35 @@ def search_batch(model, gallery: Gallery, k_prime: int,
             for (t, _, r), (ids, scores) in zip(queries, found)]
 
 
-def create_app(index_dir, model=None, ckpt=None, limits: Limits | None = None) -> FastAPI:
-    """App over the index at ``index_dir``; the model is ``model`` or loaded from ``ckpt`` / the manifest's path."""
+def open_gallery(index_dir=None, db=None, ef_search: int | None = None):
+    """The gallery to serve: an index directory, or a database's (``db``: a URL or ``local:DIR``; a connection pool
+    with timeouts, so that a database down or slow is a 503, never a hang)."""
+    if db is None:
+        return Gallery(index_dir)
+    from mmgeo.search.database import DbGallery
+
+    return DbGallery(db, ef_search=ef_search, pool_size=DB_POOL_SIZE, connect_timeout=DB_TIMEOUT_S,
+                     pool_timeout=DB_TIMEOUT_S, statement_timeout=DB_STATEMENT_TIMEOUT_S,
+                     application_name="mmgeo-serve")
+
+
+DB_POOL_SIZE = 4  # connections per server process (batch workers + image and health routes)
+DB_TIMEOUT_S = 5.0  # to connect, or to wait for a free connection
+DB_STATEMENT_TIMEOUT_S = 10.0  # any one statement of the service
+
+
+def create_app(index_dir=None, model=None, ckpt=None, limits: Limits | None = None, db=None,
+               ef_search: int | None = None) -> FastAPI:
+    """App over the index at ``index_dir`` or the gallery in database ``db``; the model is ``model`` or loaded from
+    ``ckpt`` / the manifest's path."""
     import mmgeo
 
     limits = limits or Limits()
-    gallery = Gallery(index_dir)
+    gallery = open_gallery(index_dir, db, ef_search)
     if model is None:
         ckpt = ckpt or gallery.model_record.get("path")
         if not ckpt:
-            raise ValueError(f"index {index_dir} records no checkpoint path; pass --ckpt")
+            raise ValueError(f"index {gallery.root} records no checkpoint path; pass --ckpt")
         model = mmgeo.load_model(ckpt)
     gallery.check_model(model, ckpt)
     batcher = MicroBatcher(partial(search_batch, model, gallery, limits.k_prime), limits.batch_size,
@@ -67,15 +86,22 @@ def create_app(index_dir, model=None, ckpt=None, limits: Limits | None = None) -
         await batcher.start()
         yield
         await batcher.stop()
+        if hasattr(gallery, "close"):  # a database gallery's connection pool
+            gallery.close()
 
     app = FastAPI(title="mmgeo image search", lifespan=lifespan, description=description(limits))
     app.state.gallery, app.state.model, app.state.batcher, app.state.limits = gallery, model, batcher, limits
-    app.add_middleware(BodySizeGuard, limits={"/search/image": limits.max_upload_bytes + (64 << 10)},
-                       default=JSON_BODY_LIMIT)  # multipart headroom; JSON bodies are small
+    writes = limits.allow_writes and hasattr(gallery, "first_stage")  # a database gallery
+    if limits.allow_writes and not writes:
+        raise ValueError("--allow-writes needs a gallery in a database (--db): an index directory is read-only")
+    uploads = {p: limits.max_upload_bytes + (64 << 10) for p in ("/search/image", *(["/images"] if writes else []))}
+    app.add_middleware(BodySizeGuard, limits=uploads, default=JSON_BODY_LIMIT)  # multipart headroom; JSON is small
     app.add_middleware(MetricsMiddleware, metrics=metrics)  # outermost: counts the guard's 413s too
     add_error_handlers(app, limits)
     add_search_routes(app, gallery, model, batcher, limits)
     add_image_routes(app, gallery, model, limits)
+    if writes:
+        add_write_routes(app, gallery, model, limits)
     add_info_routes(app, gallery, batcher, metrics)
     app.openapi = partial(openapi, app, app.openapi)
     return app

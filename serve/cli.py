@@ -1,13 +1,19 @@
-"""Command line: ``build`` an index from a checkpoint and images, ``run`` the HTTP service over one."""
+"""Command line: ``build`` an index from a checkpoint and images, ``run`` the HTTP service over one; with ``--db``
+the gallery lives in PostgreSQL + pgvector (``mmgeo.search.database``), where ``add`` and ``remove`` change it live."""
 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 
 from mmgeo.config import CliParser, call_cli
 from mmgeo.search.codecs import CODECS, TRAIN_IMAGES
+from mmgeo.search.database import DEFAULT_CODEC
 from mmgeo.search.faiss_index import INDEX_TYPES
+
+DB_HELP = ("a PostgreSQL database with pgvector: a postgresql:// URL, or local:DIR to start an embedded one whose "
+           "data folder is DIR (the pgserver wheel: pip install -e '.[db]')")
 
 
 def parse(argv=None) -> argparse.Namespace:
@@ -21,15 +27,19 @@ def parse(argv=None) -> argparse.Namespace:
     b.add_argument("--split", default="test", help="split of --data")
     b.add_argument("--limit", type=int, default=None, help="index at most this many images")
     b.add_argument("--seed", type=int, default=0, help="seed of --data synthetic")
-    b.add_argument("--out", required=True, help="index directory to write: new, empty or an index (replaced "
-                   "atomically when complete); refused if it holds anything else or overlaps --images")
+    where = b.add_mutually_exclusive_group(required=True)
+    where.add_argument("--out", help="index directory to write: new, empty or an index (replaced "
+                       "atomically when complete); refused if it holds anything else or overlaps --images")
+    where.add_argument("--db", metavar="URL", help=DB_HELP + "; a gallery of the same model and codec there is "
+                       "completed (images already stored are skipped), another is refused unless --replace")
     b.add_argument("--index-type", default="auto", choices=INDEX_TYPES,
                    help="FAISS index: auto = flat below 10k images, HNSW below 1M, IVF-PQ above (per shard if sharded)")
     b.add_argument("--shard-size", type=int, default=100_000,
                    help="over this many images the global index is written as memory-mapped shards of this size, "
                         "searched shard by shard and merged (docs/serve.md)")
-    b.add_argument("--codec", default="fp16", choices=list(CODECS),
-                   help="how each image's keys/values (the re-rank store) are kept: "
+    b.add_argument("--codec", default=None, choices=list(CODECS),
+                   help="how each image's keys/values (the re-rank store) are kept (default: fp16 in a folder, "
+                        f"{DEFAULT_CODEC} in a database): "
                         + "; ".join(f"{c.name}: {c.help}" for c in CODECS.values())
                         + " (docs/serve.md compares them)")
     b.add_argument("--codec-train-images", type=int, default=TRAIN_IMAGES,
@@ -39,10 +49,30 @@ def parse(argv=None) -> argparse.Namespace:
                         "half the patches cost about half a point of R@1 on the synthetic test split)")
     b.add_argument("--prune-queries", default=None, metavar="FILE",
                    help="text file of sample captions, one per line, like the queries the service will get")
+    b.add_argument("--replace", action="store_true", help="with --db: replace a gallery of another model or codec")
+    b.add_argument("--keep-files", action="store_true", help="with --db: keep every image file in the database too "
+                   "(service replicas on other machines can serve them)")
     b.add_argument("--batch-size", type=int, default=64)
     b.add_argument("--no-progress", action="store_true")
+    a = sub.add_parser("add", help="add images to a database gallery (each batch one transaction; images already "
+                       "stored, by content SHA-256, are skipped)")
+    a.add_argument("--db", required=True, metavar="URL", help=DB_HELP)
+    a.add_argument("--images", required=True, help="folder of image files (searched recursively)")
+    a.add_argument("--ckpt", default=None, help="checkpoint (default: the one recorded in the gallery)")
+    a.add_argument("--keep-files", action="store_true", help="keep the image files in the database too")
+    a.add_argument("--batch-size", type=int, default=64)
+    a.add_argument("--no-progress", action="store_true")
+    d = sub.add_parser("remove", help="remove images from a database gallery by id (one transaction)")
+    d.add_argument("--db", required=True, metavar="URL", help=DB_HELP)
+    d.add_argument("--ids", required=True, nargs="+", metavar="ID", help="image ids (non-negative integers)")
     r = sub.add_parser("run", help="serve an index over HTTP")
-    r.add_argument("--index", required=True, help="index directory from `build`")
+    gallery = r.add_mutually_exclusive_group(required=True)
+    gallery.add_argument("--index", help="index directory from `build`")
+    gallery.add_argument("--db", metavar="URL", help=DB_HELP + " holding a gallery from `build --db`")
+    r.add_argument("--allow-writes", action="store_true", help="with --db: POST /images and DELETE /images/{id} "
+                   "change the gallery (no authentication: only where every client may)")
+    r.add_argument("--ef-search", type=int, default=None, help="with --db: HNSW's candidate list (default 2 x "
+                   "--k-prime, within 40..1000)")
     r.add_argument("--ckpt", default=None, help="checkpoint (default: the one recorded in the index)")
     r.add_argument("--host", default="127.0.0.1")
     r.add_argument("--port", type=int, default=8000)
@@ -59,11 +89,109 @@ def parse(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def positive(name: str, value: int) -> None:
+    if value < 1:
+        raise ValueError(f"{name} must be at least 1, got {value}")
+
+
+def build_db(args) -> int:
+    """``build --db``: a gallery in PostgreSQL (created, or completed when it holds one of this model and codec)."""
+    import mmgeo
+    from mmgeo.search.database import Database, parse_db
+    from mmgeo.search.db_build import build_db_gallery
+
+    parse_db(args.db)
+    if args.keep_patches is not None or args.prune_queries is not None:
+        raise ValueError("--keep-patches is not available with --db yet: build the gallery with all patches")
+    positive("--batch-size", args.batch_size)
+    model = mmgeo.load_model(args.ckpt)
+    items, total = image_items(args, model)
+    if total == 0:
+        print(f"error: no image files found in {args.images}", file=sys.stderr)
+        return 2
+    with Database(args.db) as db:
+        out = build_db_gallery(model, items, total, db, ckpt=args.ckpt, codec=args.codec or DEFAULT_CODEC,
+                               train_images=args.codec_train_images, batch_size=args.batch_size,
+                               progress=not args.no_progress, replace=args.replace, keep_files=args.keep_files)
+        store = out["manifest"]["store"]
+        print(f"added {len(out['added'])} image(s) to the gallery in {db.display} (pgvector HNSW; re-rank store "
+              f"{store['codec']}: {store['bytes_per_image']:,} bytes per image + {store['codebook_bytes']:,} of "
+              f"codebooks); {len(out['existing'])} already there; {out['count']} in all; skipped "
+              f"{len(out['skipped'])} unreadable file(s)")
+    for s in out["skipped"][:10]:
+        print(f"  skipped {s['path']}: {s['error']}")
+    return 0
+
+
+def image_items(args, model):
+    """(items, total) of ``--images`` or ``--data`` (limited by ``--limit``): ``(path, loader)`` pairs."""
+    from mmgeo.search.build import folder_items
+
+    if args.images:
+        items, total = folder_items(args.images)
+    else:
+        from mmgeo.data import build_dataset
+
+        ds = build_dataset(args.data, args.split, seed=args.seed, image_size=model.cfg.image_size)
+        total = len(ds)
+        items = [(None, (lambda i=i: ds[i][0])) for i in range(total)]
+    if args.limit is not None:
+        total = min(total, args.limit)
+    return items, total
+
+
+def add(args) -> int:
+    """``add --db URL --images DIR``: encode the folder's images into the gallery, skipping those it holds."""
+    import mmgeo
+    from mmgeo.search.build import folder_items
+    from mmgeo.search.database import DbGallery
+    from mmgeo.search.db_build import add_items
+
+    positive("--batch-size", args.batch_size)
+    items, total = folder_items(args.images)
+    if total == 0:
+        print(f"error: no image files found in {args.images}", file=sys.stderr)
+        return 2
+    with DbGallery(args.db) as gallery:
+        ckpt = args.ckpt or gallery.model_record.get("path")
+        if not ckpt:
+            raise ValueError(f"the gallery in {gallery.root} records no checkpoint path; pass --ckpt")
+        model = mmgeo.load_model(ckpt)
+        gallery.check_model(model, ckpt)
+        out = add_items(model, gallery, items, total, args.batch_size, not args.no_progress, args.keep_files)
+    print(f"added {len(out['added'])} image(s), {len(out['existing'])} already there, skipped "
+          f"{len(out['skipped'])} unreadable file(s); {out['count']} in the gallery")
+    for path, i in out["added"][:20]:
+        print(f"  {i}\t{path}")
+    for s in out["skipped"][:10]:
+        print(f"  skipped {s['path']}: {s['error']}")
+    return 0
+
+
+def remove(args) -> int:
+    """``remove --db URL --ids ...``: delete those images (one transaction); unknown ids are reported."""
+    from mmgeo.search.database import DbGallery, parse_ids, remove_images
+
+    ids = parse_ids(args.ids)
+    with DbGallery(args.db) as gallery:
+        gone = remove_images(gallery.db, ids)
+        count = gallery.count
+    missing = sorted(set(ids) - set(gone))
+    print(f"removed {len(gone)} image(s); {count} in the gallery"
+          + (f"; not in the gallery: {' '.join(map(str, missing[:50]))}" if missing else ""))
+    return 0
+
+
 def build(args) -> int:
     import mmgeo
-    from mmgeo.search.build import build_gallery, check_out, folder_items
+    from mmgeo.search.build import build_gallery, check_out
     from mmgeo.search.pruning import read_captions
 
+    if args.db:
+        return build_db(args)
+    if args.replace or args.keep_files:
+        raise ValueError("--replace and --keep-files go with --db (a folder build always replaces the index)")
+    args.codec = args.codec or "fp16"
     if args.shard_size < 1:
         raise ValueError(f"--shard-size must be at least 1, got {args.shard_size}")
     check_out(args.out, args.images)  # before loading the model; build_gallery checks again
@@ -73,16 +201,7 @@ def build(args) -> int:
                          "sample captions attend to most")
     model = mmgeo.load_model(args.ckpt)
     queries = model.encode_text(captions) if captions else None
-    if args.images:
-        items, total = folder_items(args.images)
-    else:
-        from mmgeo.data import build_dataset
-
-        ds = build_dataset(args.data, args.split, seed=args.seed, image_size=model.cfg.image_size)
-        total = len(ds)
-        items = ((None, (lambda i=i: ds[i][0])) for i in range(total))
-    if args.limit is not None:
-        total = min(total, args.limit)
+    items, total = image_items(args, model)
     if total == 0:
         print(f"error: no image files found in {args.images}", file=sys.stderr)
         return 2
@@ -104,7 +223,6 @@ def build(args) -> int:
     return 0
 
 
-
 SETTINGS_ENV = "MMGEO_SERVE_SETTINGS"
 
 
@@ -121,7 +239,9 @@ def _app(settings: dict):
     torch.set_num_threads(settings["torch_threads"])
     faiss.omp_set_num_threads(settings["torch_threads"])
     given = {k: settings[k] for k in ("batch_wait_ms", "batch_workers", "batch_size") if settings[k] is not None}
-    app = create_app(settings["index"], ckpt=settings["ckpt"], limits=Limits(k_prime=settings["k_prime"], **given))
+    given["allow_writes"] = bool(settings.get("allow_writes"))
+    app = create_app(settings["index"], ckpt=settings["ckpt"], limits=Limits(k_prime=settings["k_prime"], **given),
+                     db=settings.get("db"), ef_search=settings.get("ef_search"))
     # what torch, transformers, FastAPI and the model allocated is left out of every later collection, whose full
     # passes over it stalled all requests in flight (docs/serve.md, "Tail latency")
     gc.collect()
@@ -131,8 +251,8 @@ def _app(settings: dict):
 
 def run_settings(args) -> dict:
     """What ``_app`` needs of ``run``'s arguments (JSON-able: passed to worker processes in ``SETTINGS_ENV``)."""
-    return {k: getattr(args, k) for k in ("index", "ckpt", "k_prime", "batch_wait_ms", "batch_workers",
-                                          "batch_size", "torch_threads")}
+    return {k: getattr(args, k) for k in ("index", "db", "ef_search", "allow_writes", "ckpt", "k_prime",
+                                          "batch_wait_ms", "batch_workers", "batch_size", "torch_threads")}
 
 
 def app_from_env():
@@ -151,6 +271,10 @@ def run(args) -> int:
 
     if args.workers < 1:
         raise ValueError(f"--workers must be at least 1, got {args.workers}")
+    if args.db and args.db.startswith("local:"):
+        # uvicorn re-raises SIGTERM once it has shut down: exit through SystemExit instead, so that the embedded
+        # PostgreSQL this process started is stopped (at exit) rather than left running
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     settings = run_settings(args)
     app = _app(settings)  # in this process too: a bad index or checkpoint fails here, with its message
     if args.workers == 1:
@@ -164,7 +288,7 @@ def run(args) -> int:
 
 def command(argv: list[str]) -> int:
     args = parse(argv)
-    return build(args) if args.command == "build" else run(args)
+    return {"build": build, "add": add, "remove": remove, "run": run}[args.command](args)
 
 
 def main(argv=None) -> int:

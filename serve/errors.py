@@ -12,8 +12,10 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from mmgeo.data.images import open_image
+from mmgeo.search.database import DatabaseError
 from serve.api import ApiError, Limits, friendly
 
+RETRY_AFTER_S = 2  # a 503's Retry-After when the gallery's database cannot be reached
 log = logging.getLogger("serve.app")  # the service's log: where an operator looks up a request_id
 
 
@@ -39,6 +41,13 @@ def add_error_handlers(app: FastAPI, limits: Limits) -> None:
     async def _http(request: Request, err: StarletteHTTPException):
         msg = f"no such endpoint: {request.url.path}" if err.status_code == 404 else str(err.detail)
         return JSONResponse({"error": msg}, status_code=err.status_code)
+
+    @app.exception_handler(DatabaseError)
+    async def _database(request: Request, err: DatabaseError):
+        """The gallery's database is down or slow: 503 and when to retry, never a hang or a traceback."""
+        log.warning("database unavailable: %s", err)
+        return JSONResponse({"error": "the gallery's database is unavailable; retry shortly"}, status_code=503,
+                            headers={"Retry-After": str(RETRY_AFTER_S)})
 
     @app.exception_handler(Exception)
     async def _crash(request: Request, err: Exception):

@@ -7,6 +7,7 @@ schema constraints, checked again by the handlers (``check_query``).
 """
 
 import asyncio
+import io
 import mimetypes
 import re
 from pathlib import Path
@@ -97,19 +98,38 @@ def add_search_routes(app: FastAPI, gallery: Gallery, model, batcher: MicroBatch
         im = await asyncio.to_thread(decode_upload, data, limits.max_image_pixels)
         emb = await asyncio.to_thread(model.encode_image, [im])
         q = emb.pooled.float().cpu().numpy()  # (1, d_g)
-        scores, ids = await asyncio.to_thread(gallery.index.search, q, min(k, gallery.count))
+        scores, ids = await asyncio.to_thread(lambda: gallery.index.search(q, min(k, gallery.count)))
         keep = ids[0] >= 0
         return {"results": result_rows(ids[0][keep], scores[0][keep])}
 
 
 def image_id(raw: str, gallery: Gallery) -> int:
-    """A path or query parameter -> an id of ``gallery``; ApiError 400 (not an integer) or 404 (unknown)."""
+    """A path or query parameter -> an id of ``gallery``; ApiError 400 (not an integer) or 404 (unknown). A database
+    gallery's ids have holes where images were removed: it is asked (blocking: call from a worker thread)."""
     if not re.fullmatch(r"[0-9]{1,12}", raw):
         raise ApiError(400, f"image id must be a non-negative integer from the index, got {raw[:80]!r}")
     i = int(raw)
-    if i >= gallery.count:
+    if hasattr(gallery, "image_record"):
+        if gallery.image_record(i) is None:
+            raise ApiError(404, f"unknown image id {i}: not in the gallery")
+    elif i >= gallery.count:
         raise ApiError(404, f"unknown image id {i}: the index holds ids 0..{gallery.count - 1}")
     return i
+
+
+def image_source(raw: str, gallery: Gallery) -> tuple[int, Path | bytes | None, str]:
+    """(id, its file: a path on disk or the bytes a database gallery keeps, None when gone, a name for its type);
+    ApiError as ``image_id``. Blocking."""
+    i = image_id(raw, gallery)
+    if hasattr(gallery, "image_record"):
+        rec = gallery.image_record(i) or {}
+        if rec.get("stored_file"):
+            data = gallery.image_file(i)
+            return i, data, rec.get("name") or "image"
+        path = Path(rec["path"]) if rec.get("path") else None
+        return i, path if path is not None and path.is_file() else None, rec.get("path") or "?"
+    path = gallery.image_path(i)
+    return i, path if path.is_file() else None, gallery.meta[i]["path"]
 
 
 def add_image_routes(app: FastAPI, gallery: Gallery, model, limits: Limits) -> None:
@@ -121,11 +141,11 @@ def add_image_routes(app: FastAPI, gallery: Gallery, model, limits: Limits) -> N
                         **error_responses(400, 404, s400="not an integer id (never a path)",
                                           s404="unknown id, or its file is no longer on disk")})
     async def get_image(raw_id: str = PathParam(description="integer id from the index, 0..images-1")):
-        i = image_id(raw_id, gallery)
-        path = gallery.image_path(i)
-        if not path.is_file():
-            raise ApiError(404, f"image {i}'s file is no longer on disk ({gallery.meta[i]['path']})")
-        return FileResponse(path, media_type=mimetypes.guess_type(path.name)[0] or "application/octet-stream")
+        i, src, name = await asyncio.to_thread(image_source, raw_id, gallery)
+        if src is None:
+            raise ApiError(404, f"image {i}'s file is no longer on disk ({name})")
+        media = mimetypes.guess_type(src.name if isinstance(src, Path) else name)[0] or "application/octet-stream"
+        return FileResponse(src, media_type=media) if isinstance(src, Path) else Response(src, media_type=media)
 
     @app.get("/explain", summary="PNG heatmap: where each caption word looks in an image", response_class=Response,
              responses={200: {"description": "PNG, one panel per caption token", "content": {"image/png": BINARY}},
@@ -136,10 +156,10 @@ def add_image_routes(app: FastAPI, gallery: Gallery, model, limits: Limits) -> N
                                         description="caption-like text")):
         from serve.explain import explain_png
 
-        i = image_id(id, gallery)
+        i, src, _ = await asyncio.to_thread(image_source, id, gallery)
         check_query(text, None, limits)
-        path = gallery.image_path(i)
-        im = await asyncio.to_thread(open_image, path) if path.is_file() else None
+        im = None if src is None else await asyncio.to_thread(open_image, src if isinstance(src, Path) else
+                                                              io.BytesIO(src))
         png = await asyncio.to_thread(explain_png, model, gallery, i, text, im)
         return Response(png, media_type="image/png")
 
@@ -150,7 +170,8 @@ def add_info_routes(app: FastAPI, gallery: Gallery, batcher: MicroBatcher, metri
     @app.get("/health", summary="Status and index size",
              responses={200: {"model": HealthResponse}, **error_responses()})
     async def health():
-        return {"status": "ok", "images": gallery.count, "index_type": gallery.manifest["index_type"],
+        count = await asyncio.to_thread(lambda: gallery.count)  # a database gallery's is a query
+        return {"status": "ok", "images": count, "index_type": gallery.manifest["index_type"],
                 "skipped_at_build": gallery.manifest["skipped"]["count"], "codec": gallery.codec,
                 "store_bytes_per_image": gallery.store.get("bytes_per_image", 0)}
 
@@ -158,8 +179,9 @@ def add_info_routes(app: FastAPI, gallery: Gallery, batcher: MicroBatcher, metri
         200: {"description": "text exposition format 0.0.4", "content": {"text/plain": {"schema": {"type": "string"}}}},
         **error_responses()})
     async def get_metrics():
+        count = await asyncio.to_thread(lambda: gallery.count)
         body = metrics.render({
-            "mmgeo_index_images": ("Images in the loaded index.", gallery.count),
+            "mmgeo_index_images": ("Images in the loaded index.", count),
             "mmgeo_text_batches_total": ("Micro-batches of query encodings run.", batcher.batches),
             "mmgeo_text_batched_queries_total": ("Queries encoded in micro-batches.", batcher.items)})
         return PlainTextResponse(body, media_type="text/plain; version=0.0.4")
@@ -168,3 +190,66 @@ def add_info_routes(app: FastAPI, gallery: Gallery, batcher: MicroBatcher, metri
         200: {"description": "HTML", "content": {"text/html": {"schema": {"type": "string"}}}}, **error_responses()})
     async def page():
         return HTMLResponse(PAGE.read_text())
+
+
+class AddedImage(BaseModel):
+    name: str = Field(description="the uploaded file's name")
+    id: int = Field(ge=0, description="its id in the gallery")
+    added: bool = Field(description="false when the same file was stored already (same content SHA-256)")
+
+
+class AddResponse(BaseModel):
+    images: list[AddedImage]
+    count: int = Field(ge=0, description="images in the gallery now")
+
+
+class RemoveResponse(BaseModel):
+    removed: int = Field(ge=0, description="the id removed")
+    count: int = Field(ge=0, description="images in the gallery now")
+
+
+def add_write_routes(app: FastAPI, gallery, model, limits: Limits) -> None:
+    """POST /images (upload -> encode -> insert, one transaction) and DELETE /images/{id} over a database gallery
+    (``mmgeo.search.database``), when ``limits.allow_writes``."""
+    from mmgeo.search.database import remove_images
+    from mmgeo.search.db_build import add_uploads
+
+    uploads = f"at most {limits.max_upload_files} files of {upload_limit(limits)} in all"
+
+    @app.post("/images", summary="Add images to the gallery", status_code=200,
+              description=f"Uploads: {uploads}. Each file is encoded and stored with the gallery's codebooks, all "
+                          "in one transaction; a file stored already (same bytes) keeps its id.",
+              responses={200: {"model": AddResponse},
+                         **error_responses(400, 422, body_limit=limits.max_upload_bytes,
+                                           s400="an empty file, or one that is not a readable image",
+                                           s413=f"uploads over {limits.max_upload_bytes} bytes in all, or an image "
+                                                f"over {limits.max_image_pixels} pixels",
+                                           s422=f"no file, or more than {limits.max_upload_files}")})
+    async def add_images(files: Annotated[list[UploadFile], File(description=f"image files, {uploads}")]):
+        if not 1 <= len(files) <= limits.max_upload_files:
+            raise ApiError(422, f"send 1..{limits.max_upload_files} files in the 'files' field, got {len(files)}")
+        got, total = [], 0
+        for f in files:
+            data = await f.read(limits.max_upload_bytes + 1)
+            total += len(data)
+            if total > limits.max_upload_bytes:
+                raise ApiError(413, f"uploads are over the limit of {limits.max_upload_bytes} bytes in all")
+            if not data:
+                raise ApiError(400, f"upload {str(f.filename)[:80]!r} is empty")
+            im = await asyncio.to_thread(decode_upload, data, limits.max_image_pixels)
+            got.append((Path(f.filename or "upload").name[:200] or "upload", data, im))
+        out = await asyncio.to_thread(add_uploads, model, gallery, got)
+        rows = [{"name": n, "id": i, "added": True} for n, i in out["added"]]
+        rows += [{"name": n, "id": i, "added": False} for n, i in out["existing"]]
+        return {"images": rows, "count": out["count"]}
+
+    @app.delete("/images/{raw_id}", summary="Remove an image from the gallery",
+                responses={200: {"model": RemoveResponse},
+                           **error_responses(400, 404, s400="not an integer id", s404="unknown id")})
+    async def delete_image(raw_id: str = PathParam(description="integer id from the gallery")):
+        if not re.fullmatch(r"[0-9]{1,12}", raw_id):
+            raise ApiError(400, f"image id must be a non-negative integer from the index, got {raw_id[:80]!r}")
+        gone = await asyncio.to_thread(remove_images, gallery.db, [int(raw_id)])
+        if not gone:
+            raise ApiError(404, f"unknown image id {int(raw_id)}: not in the gallery")
+        return {"removed": gone[0], "count": await asyncio.to_thread(lambda: gallery.count)}

@@ -206,6 +206,25 @@ def read_item(path, source, keep_file: bool | None = None):
     return hashlib.sha256(data).digest(), meta, im, data if keep_file else None
 
 
+def store_batch(model, gallery: DbGallery, batch: list, out: dict, on_step=None) -> None:
+    """Encode and add one batch of prepared images — (path or name, content SHA-256, metadata, RGB image, file bytes
+    to keep or None) — in one transaction; those already stored are not encoded. Appends (path, id) to ``out``'s
+    "added" / "existing"."""
+    have = stored_hashes(gallery.db, [b[1] for b in batch])
+    todo = [b for b in batch if b[1] not in have]
+    if todo:
+        emb = model.encode_image([b[3] for b in todo])
+        keys, values, mask = encode_codes(gallery, emb)
+        rows = Rows([b[1] for b in todo], [b[2] for b in todo], emb.pooled.float().cpu().numpy(), keys, values,
+                    mask, [None] * len(todo), [b[4] for b in todo])
+        ids, new = add_rows(gallery.db, rows, on_step)
+        for b, i, fresh in zip(todo, ids, new):
+            out["added" if fresh else "existing"].append((b[0], int(i)))
+    if have:
+        known = _ids_of(gallery, list(have))
+        out["existing"] += [(b[0], known[b[1]]) for b in batch if b[1] in have]
+
+
 def add_items(model, gallery: DbGallery, items: Iterable, total: int | None = None, batch_size: int = 64,
               progress: bool = False, keep_files: bool = False, on_step=None) -> dict:
     """Encode and add ``(path, image_or_loader)`` items (``build.folder_items``' pairs) to a database gallery, a
@@ -217,23 +236,6 @@ def add_items(model, gallery: DbGallery, items: Iterable, total: int | None = No
     out = {"added": [], "existing": [], "skipped": []}
     batch: list = []
     bar = tqdm(total=total, desc="encode", unit="img", disable=not progress)
-
-    def flush():
-        have = stored_hashes(gallery.db, [b[1] for b in batch])
-        todo = [b for b in batch if b[1] not in have]
-        if todo:
-            emb = model.encode_image([b[3] for b in todo])
-            keys, values, mask = encode_codes(gallery, emb)
-            rows = Rows([b[1] for b in todo], [b[2] for b in todo], emb.pooled.float().cpu().numpy(), keys, values,
-                        mask, [None] * len(todo), [b[4] for b in todo])
-            ids, new = add_rows(gallery.db, rows, on_step)
-            for b, i, fresh in zip(todo, ids, new):
-                out["added" if fresh else "existing"].append((b[0], int(i)))
-        if have:
-            known = {bytes(h): i for h, i in _ids_of(gallery, list(have)).items()}
-            out["existing"] += [(b[0], known[b[1]]) for b in batch if b[1] in have]
-        batch.clear()
-
     for n, (path, source) in enumerate(items):
         if total is not None and n >= total:
             break
@@ -246,10 +248,26 @@ def add_items(model, gallery: DbGallery, items: Iterable, total: int | None = No
         batch.append((None if path is None else str(path), sha, meta, im, data))
         bar.update(1)
         if len(batch) == batch_size:
-            flush()
+            store_batch(model, gallery, batch, out, on_step)
+            batch.clear()
     if batch:
-        flush()
+        store_batch(model, gallery, batch, out, on_step)
     bar.close()
+    out["count"] = gallery.count
+    return out
+
+
+def add_uploads(model, gallery: DbGallery, uploads: Sequence[tuple[str, bytes, object]]) -> dict:
+    """Add uploaded files — (file name, its bytes, the decoded RGB image) — to a database gallery in one
+    transaction, each kept in its row and hashed by its bytes (the same file again is not stored again).
+    -> {"added": [(name, id)], "existing": [(name, id)], "count"}."""
+    gallery.check_model(model)
+    batch = [(name, hashlib.sha256(data).digest(),
+              {"path": None, "name": name, "width": im.width, "height": im.height}, im, data)
+             for name, data, im in uploads]
+    out = {"added": [], "existing": []}
+    if batch:
+        store_batch(model, gallery, batch, out)
     out["count"] = gallery.count
     return out
 

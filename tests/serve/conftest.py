@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.pg import fresh_database, server_url
 from tests.search.conftest import make_gallery_env, single_thread_faiss  # noqa: F401 (autouse fixture)
 
 
@@ -18,6 +19,18 @@ from tests.search.conftest import make_gallery_env, single_thread_faiss  # noqa:
 def serve_env(tmp_path_factory):
     """The tiny model, its checkpoint and two built galleries (``tests.search.conftest.make_gallery_env``)."""
     return make_gallery_env(tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def pg_server(tmp_path_factory) -> str:
+    """A real PostgreSQL + pgvector for the session (tests/pg.py; skipped without the pgserver wheel)."""
+    return server_url(tmp_path_factory)
+
+
+@pytest.fixture
+def pg_url(pg_server) -> str:
+    """A fresh empty database on it."""
+    return fresh_database(pg_server)
 
 
 @contextlib.contextmanager

@@ -68,7 +68,7 @@ def test_document_states_the_limits(api_schema):
     upload = doc["paths"]["/search/image"]["post"]
     assert str(LIMITS.max_upload_bytes) in upload["description"] and "413" in upload["responses"]
     image = doc["paths"]["/images/{raw_id}"]["get"]["responses"]
-    assert set(image) == {"200", "400", "404", "413", "500"} and "image/*" in image["200"]["content"]
+    assert set(image) == {"200", "400", "404", "413", "500", "503"} and "image/*" in image["200"]["content"]
     assert set(doc["paths"]["/metrics"]["get"]["responses"]["200"]["content"]) == {"text/plain"}
     assert doc["paths"]["/explain"]["get"]["responses"]["500"]["content"]["application/json"]["schema"] == {
         "$ref": "#/components/schemas/InternalErrorBody"}
