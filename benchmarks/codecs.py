@@ -3,7 +3,7 @@ per query, build time, and the store size projected to 1M / 100M images at the `
 
     python -m benchmarks.codecs --ckpt runs/synthetic/model.pt [--codecs fp16 sq8 ... ] [--split test]
                                 [--k-prime 100] [--latency-queries 300] [--out runs/codecs]
-                                [--report-to docs/serve.md]          # fills its <!-- codecs:start/end --> section
+                                [--report-to docs/measurements/serving.md]   # fills its <!-- codecs:start/end -->
     python -m benchmarks.codecs --ckpt M --limit 60 --codecs fp16 sq8 --latency-queries 5   # smoke run
 
 The split is encoded once. Exact fp32 scoring of every (caption, image) pair is the reference. Each codec's index
@@ -34,6 +34,7 @@ from benchmarks.harness import (
     environment,
     logger,
     markdown_table,
+    measured_on,
     report_to,
     write_json,
 )
@@ -184,7 +185,7 @@ def markdown(r: dict, fp16_bytes: int | None) -> str:
 
     lines = [f"`{r['command']}` — {r['data']} {r['split']}, {r['images']:,} images, {r['captions']:,} captions, "
              f"K' = {r['k_prime']}, one thread. Exact fp32 scoring: text→image R@1 {pct(e['text_to_image_R@1'])}, "
-             f"image→text R@1 {pct(e['image_to_text_R@1'])}.", "",
+             f"image→text R@1 {pct(e['image_to_text_R@1'])}. {measured_on(r['environment'])}", "",
              markdown_table(head, (row(c, x) for c, x in r["codecs"].items()), align="l" + "r" * 10)]
     if r.get("prune_queries"):
         lines += ["", f"Pruned rows keep each image's patches of most attention mass from the first "

@@ -1,8 +1,8 @@
 """What the benchmark scripts share (``python -m benchmarks.NAME``; ``experiments`` uses it too).
 
 - progress lines on stderr: ``logger``; a command's duration: ``done_in``;
-- what a measurement ran on: ``environment`` (machine, CPU, Python, commit, command), ``commit``, ``cpu_model``,
-  ``gemm_peak`` (this CPU's fp32 GEMM rate, for arithmetic floors);
+- what a measurement ran on: ``environment`` (machine, CPU, Python, commit, command, date) and its one-line form
+  ``measured_on``, ``commit``, ``cpu_model``, ``gemm_peak`` (this CPU's fp32 GEMM rate, for arithmetic floors);
 - timing: ``alternate`` (every variant once per round, in turn, so a slow spell of a shared machine falls on all of
   them alike), ``median`` of what was measured, ``elapsed_ms``;
 - the common command-line flags: ``add_json``, ``add_out``, ``add_report_to``, ``add_device``, ``add_checkpoint``
@@ -87,9 +87,17 @@ def command_line() -> str:
 
 
 def environment(checkout: Path = ROOT) -> dict:
-    """The machine, CPU, Python, commit and command of a measurement (a report's provenance)."""
+    """The machine, CPU, Python, commit, command and date of a measurement (a report's provenance)."""
     return {"machine": f"{platform.system()} {platform.machine()}", "cpu": cpu_model(), "cpus": os.cpu_count(),
-            "python": platform.python_version(), "commit": commit(checkout), "command": command_line()}
+            "python": platform.python_version(), "commit": commit(checkout), "command": command_line(),
+            "date": time.strftime("%Y-%m-%d", time.gmtime())}
+
+
+def measured_on(env: dict) -> str:
+    """"Commit C, machine: CPU (N CPUs), YYYY-MM-DD." from ``environment()``: what a report written into the
+    measurement log (docs/measurements/) says beside its command."""
+    date = env.get("date") or time.strftime("%Y-%m-%d", time.gmtime())
+    return f"Commit {env['commit']}, machine: {env['cpu']} ({env['cpus']} CPUs), {date}."
 
 
 def gemm_peak(threads: int, size: int = 2048, repeats: int = 5) -> float:

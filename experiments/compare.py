@@ -4,7 +4,7 @@
     python -m experiments.compare --models geo-tiny clip-tiny --lrs 5e-4 1e-3 2e-3 --temperatures 0.03 0.07 \
         --caption-negatives 0 2 --search-steps 500 --steps 1000 --seeds 0 1 2 --out runs/compare
     python -m experiments.compare --budget tiny --out /tmp/compare  # toy sizes, a couple of minutes (the test)
-    python -m experiments.compare --report-to docs/results.md       # also fill its compare:start/end section
+    python -m experiments.compare --report-to docs/measurements/retrieval.md   # also fill its compare section
 
 1. Recipe search, the same for every model: each point of the grid learning rate (``--lrs``) × initial temperature
    (``--temperatures``: ``model_args.init_temperature_global``, and ``init_temperature_geo`` for a geometric model)
@@ -19,7 +19,7 @@
 3. Writes to ``--out`` (default runs/compare): compare.json (every run: recipe, seed, val R@1 curves from its
    metrics.csv, wall seconds, test metrics), results.md (search grids, chosen recipes, mean ± std and lowest seed
    per model, geometric-minus-baseline margin paired by seed, the step each seed's global loss leaves its ln B
-   plateau, wall time, commit, date, command) and compare.png (val R@1 against steps and against wall seconds).
+   plateau, wall time, commit, machine, date, command) and compare.png (val R@1 against steps and against wall seconds).
 
 Resumable: a run whose model.pt and eval JSON exist is reused; a run folder with step checkpoints but no model.pt
 is continued with train.py's ``--resume``; a run folder trained with another config stops the script (move it
@@ -46,7 +46,7 @@ from pathlib import Path
 
 import yaml
 
-from benchmarks.harness import ROOT, add_out, add_report_to, check_markers, commit, logger, report_to
+from benchmarks.harness import ROOT, add_out, add_report_to, check_markers, commit, cpu_model, logger, report_to
 from experiments.compare_report import PLATEAU_MARGIN, markdown, plot, summarise
 
 BASE_CONFIGS = {"geo-tiny": "configs/synthetic.yaml", "clip-tiny": "configs/synthetic_clip.yaml"}
@@ -56,7 +56,8 @@ TINY_MODEL_ARGS = dict(text_hidden=32, text_layers=1, text_heads=2, image_embed_
                        image_size=32, patch_size=8, key_hidden=16, query_hidden=32, num_heads=2, d_a=8, d_e=8,
                        d_global=16)
 BUDGETS = {
-    # 500 search steps: at 200, every clip-tiny recipe tried was still on its ln B plateau (docs/results.md)
+    # 500 search steps: at 200, every clip-tiny recipe tried was still on its ln B plateau
+    # (docs/measurements/retrieval.md)
     "full": dict(search_steps=500, steps=1000, lrs=[5e-4, 1e-3, 2e-3], temperatures=[0.03, 0.07],
                  caption_negatives=[0, 2], val_limit=None, limit=None, suite_limit=None, val_points=10, extra=[]),
     "tiny": dict(search_steps=3, steps=3, lrs=[1e-3, 2e-3], temperatures=[0.07], caption_negatives=[0, 2],
@@ -463,6 +464,7 @@ def main(argv: list[str] | None = None) -> dict:
     grid_axes = {k: getattr(args, k) for k in ("lrs", "temperatures", "caption_negatives", "weight_decays",
                                                "warmup_steps")}
     data = {"command": "python -m experiments.compare " + shlex.join(argv), "commit": commit(),
+            "machine": f"{cpu_model()} ({os.cpu_count()} CPUs)",
             "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "wall_s": 0.0,
             "settings": {"budget": args.budget, "grid": grid_axes, "grid_size": len(recipes),
                          "search_steps": args.search_steps, "search_seed": args.search_seed, "steps": args.steps,

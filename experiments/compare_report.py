@@ -123,7 +123,8 @@ def markdown(data: dict, image: str) -> str:
         out.append(f"| {name} | {search_s:.1f} | {statistics.mean(walls):.1f} |" if walls else
                    f"| {name} | {search_s:.1f} | – |")
     out += ["", f"![validation R@1 against steps and wall seconds]({image})", "",
-            f"Produced by (commit {data['commit']}, {data['date']}, {data['wall_s'] / 60:.1f} min of wall time for "
+            f"Produced by (commit {data['commit']}, machine: {data.get('machine', 'not recorded')}, {data['date']}, "
+            f"{data['wall_s'] / 60:.1f} min of wall time for "
             "this invocation; reused runs cost nothing):", "", f"    {data['command']}", ""]
     return "\n".join(out)
 

@@ -7,8 +7,9 @@ Each d_a trains in its own subprocess (mmgeo.training.train with configs/synthet
 scores the synthetic test split exactly (eval.py's protocol; first ``--limit`` images, 5 captions each). Peak memory is
 that subprocess's ru_maxrss: the peak resident set of training + evaluation in one fresh process (DataLoader
 workers, whose memory does not depend on d_a, are not included; the Python/torch baseline is). Extra
-``--a.b value`` arguments are passed to train.py as overrides. Writes docs/sweep_da.md and docs/sweep_da.png; a rerun
-replaces the run folders <out-dir>/da<d_a> (train.py --overwrite: other files there are kept).
+``--a.b value`` arguments are passed to train.py as overrides. Writes docs/measurements/sweep_da.md (with the command,
+commit, machine and date) and docs/measurements/sweep_da.png; a rerun replaces the run folders <out-dir>/da<d_a>
+(train.py --overwrite: other files there are kept).
 """
 
 from __future__ import annotations
@@ -16,12 +17,13 @@ from __future__ import annotations
 import argparse
 import json
 import resource
+import shlex
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from benchmarks.harness import ROOT
+from benchmarks.harness import ROOT, environment, measured_on
 
 
 def worker(spec: dict) -> dict:
@@ -68,13 +70,13 @@ def run_point(d_a: int, args, overrides: list[str]) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def write_report(rows: list[dict], md: Path, png: Path, settings: str) -> None:
+def write_report(rows: list[dict], md: Path, png: Path, settings: str, provenance: str = "") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    lines = ["# Attention-space sweep: d_a", "", settings, "",
+    lines = ["# Attention-space sweep: d_a", "", *([provenance, ""] if provenance else []), settings, "",
              "| d_a | text→image R@1 | image→text R@1 | params | Q/K-map params | peak RSS (MB) | "
              "attention entropy (ln S) | train s |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -110,8 +112,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--limit", type=int, default=None, help="test images scored (default: all 1,000)")
     p.add_argument("--config", default=str(ROOT / "configs" / "synthetic.yaml"))
     p.add_argument("--out-dir", default=str(ROOT / "runs" / "sweep_da"), help="run folders go here")
-    p.add_argument("--md", default=str(ROOT / "docs" / "sweep_da.md"))
-    p.add_argument("--png", default=str(ROOT / "docs" / "sweep_da.png"))
+    p.add_argument("--md", default=str(ROOT / "docs" / "measurements" / "sweep_da.md"))
+    p.add_argument("--png", default=str(ROOT / "docs" / "measurements" / "sweep_da.png"))
     args, overrides = p.parse_known_args(argv)
     if any(d <= 0 for d in args.d_a):
         p.error(f"--d-a values must be positive, got {args.d_a}")
@@ -126,7 +128,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 f"`{' '.join(overrides) or 'none'}`; {rows[0]['torch_threads']} torch threads. Peak RSS = ru_maxrss of "
                 "the process that trained and evaluated that point (Python + torch baseline included, DataLoader "
                 "workers not). Attention entropy: mean over heads on 64 test images, ln S in brackets.")
-    write_report(rows, Path(args.md), Path(args.png), settings)
+    command = shlex.join(["python", "-m", "experiments.sweep_da", *argv])
+    provenance = f"`{command}` — {measured_on(environment())}"
+    write_report(rows, Path(args.md), Path(args.png), settings, provenance)
     print(f"written {args.md} and {args.png}")
     return rows
 
