@@ -6,7 +6,7 @@
     python /path/to/checkout/benchmarks/gpu_check.py ...  # the same from any folder (--out: relative to that folder)
 
 Writes DIR/gpu_check.json and DIR/gpu_check.md (an environment table, then one table per section, to paste
-into docs/benchmarks.md); prints the markdown to stdout, progress to stderr. Each section runs in its own
+into docs/measurements/gpu.md); prints the markdown to stdout, progress to stderr. Each section runs in its own
 process (``python -m benchmarks.gpu_check --section NAME`` from the repository root, writing DIR/.NAME.json; DIR is
 made absolute first) with a time budget (``BUDGETS_S``): it skips what would pass its budget (the row says so), is
 killed past it plus ``GRACE_S``, and an exception, a crash or a timeout is recorded in its JSON (with a traceback

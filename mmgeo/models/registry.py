@@ -56,7 +56,8 @@ def geo_tiny() -> ModelConfig:
     """Embedded default: tiny BERT over the shapes-world vocabulary + 48 px ViT (patch 8, so each cell of
     the 3×3 scene grid is 2×2 patches), geometric score. Sharp initial temperatures (0.03): at 0.1 / 0.07
     the same run reached half the recall after 400 steps. Queries and text values see a ±3-token phrase
-    window (``mmgeo.layers.PhraseWindow``): without it attributes do not bind (docs/results.md)."""
+    window (``mmgeo.layers.PhraseWindow``): without it attributes do not bind
+    (docs/measurements/retrieval.md)."""
     return ModelConfig(text_vocab=_synthetic_vocab(), image_size=48, init_temperature_geo=0.03,
                        init_temperature_global=0.03, phrase_window=3)
 

@@ -1,7 +1,7 @@
 """The LightningModule that trains a retrieval model: contrastive loss, training aids, non-finite step skipping.
 
 Every random draw of a step depends on (seed, step, rank) only, so a resumed or multi-process run draws what
-one uninterrupted process would (docs/distributed.md).
+one uninterrupted process would (docs/training.md, "Resume" and "Many processes").
 """
 
 from __future__ import annotations
