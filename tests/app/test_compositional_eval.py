@@ -15,14 +15,6 @@ from tests.data.sugarcrepe_fixtures import write_sugarcrepe
 SUITE_KEYS = {"task", "score", "edits", "all_edits", "consistency", "counts", "timing_s"}
 
 
-@pytest.fixture(scope="module")
-def random_geo_tiny(tmp_path_factory):
-    torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("model") / "model.safetensors"
-    mmgeo.save_model(mmgeo.create_model("geo-tiny").eval(), path)
-    return path
-
-
 def test_compositional_suite_writes_its_json(random_geo_tiny, tmp_path, capsys):
     out = tmp_path / "r.json"
     eval_app.main(["--ckpt", str(random_geo_tiny), "--suite", "compositional", "--limit", "8", "--out", str(out)])

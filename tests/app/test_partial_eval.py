@@ -3,20 +3,11 @@
 import json
 
 import pytest
-import torch
 
 import eval as eval_app
 import mmgeo
 
 RANKINGS = {"exact_geometric", "exact_global"}
-
-
-@pytest.fixture(scope="module")
-def random_geo_tiny(tmp_path_factory):
-    torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("model") / "model.safetensors"
-    mmgeo.save_model(mmgeo.create_model("geo-tiny").eval(), path)
-    return path
 
 
 def test_partial_suite_exact_and_two_stage(random_geo_tiny, tmp_path, capsys):
