@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import eval as eval_app
-from mmgeo.data import ShapesWorld, build_dataset
+from mmgeo.data import build_dataset
 from mmgeo.eval.metrics import image_to_text_ranks, retrieval_metrics, text_to_image_ranks
 from mmgeo.eval.retrieval import encode_split, exact_scores
 from mmgeo.eval.two_stage import CANDIDATE_OFFSET, CaptionRanking, evaluate_split, rank_captions
@@ -196,18 +196,6 @@ def test_two_stage_over_a_pruned_temporary_gallery(gallery_env, tmp_path, capsys
         with pytest.raises(SystemExit):
             eval_app.main([*common, *extra])
         assert msg in capsys.readouterr().err
-
-
-@pytest.fixture(scope="module")
-def ranked(gallery_env):
-    """The tiny model, its gallery of 24 images, their first captions encoded, and every (caption, image) score."""
-    g = Gallery(gallery_env.idx)
-    captions = [ShapesWorld("test", 0, image_size=32)[i][1][0] for i in range(len(g))]
-    texts = gallery_env.model.encode_text(captions)
-    gallery_emb = Embedding(torch.zeros(len(g), 1), torch.from_numpy(np.array(g.keys, np.float32)),
-                            torch.from_numpy(np.array(g.values, np.float32)), torch.from_numpy(np.array(g.mask)))
-    exact = gallery_env.model.score(texts, gallery_emb).numpy()  # (N_text, N_image) geometric, every pair
-    return gallery_env.model, g, texts, exact
 
 
 @pytest.mark.parametrize("index_type", ["flat", "hnsw", "ivfpq"])

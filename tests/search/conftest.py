@@ -76,3 +76,21 @@ def pg_server(tmp_path_factory) -> str:
 def pg_url(pg_server) -> str:
     """A fresh empty database on it."""
     return fresh_database(pg_server)
+
+
+@pytest.fixture(scope="module")
+def ranked(gallery_env):
+    """The tiny model, its gallery of 24 images, their first captions encoded, and every (caption, image) score."""
+    import numpy as np
+
+    from mmgeo.data import ShapesWorld
+    from mmgeo.models import Embedding
+    from mmgeo.search.store import Gallery
+
+    g = Gallery(gallery_env.idx)
+    captions = [ShapesWorld("test", 0, image_size=32)[i][1][0] for i in range(len(g))]
+    texts = gallery_env.model.encode_text(captions)
+    gallery_emb = Embedding(torch.zeros(len(g), 1), torch.from_numpy(np.array(g.keys, np.float32)),
+                            torch.from_numpy(np.array(g.values, np.float32)), torch.from_numpy(np.array(g.mask)))
+    exact = gallery_env.model.score(texts, gallery_emb).numpy()  # (N_text, N_image) geometric, every pair
+    return gallery_env.model, g, texts, exact

@@ -2,12 +2,9 @@
 (``rank_captions``, evaluation's use of it: tests/eval/test_two_stage.py)."""
 
 import numpy as np
-import pytest
 import torch
 
-from mmgeo.data import ShapesWorld
 from mmgeo.models import Embedding
-from mmgeo.search.store import Gallery
 from mmgeo.search.two_stage import rerank_scores, search_text
 
 TIE = 1e-5  # scores this close may swap between code paths (BLAS rounding differs by CPU): ids compared up to ties
@@ -20,27 +17,16 @@ def assert_topk_up_to_ties(ids, scores_row, k: int) -> None:
     np.testing.assert_allclose(scores_row[ids], np.sort(scores_row)[::-1][:k], rtol=0, atol=TIE)
 
 
-@pytest.fixture(scope="module")
-def setup(gallery_env):
-    g = Gallery(gallery_env.idx)
-    captions = [ShapesWorld("test", 0, image_size=32)[i][1][0] for i in range(len(g))]
-    texts = gallery_env.model.encode_text(captions)
-    gallery_emb = Embedding(torch.zeros(len(g), 1), torch.from_numpy(np.array(g.keys, np.float32)),
-                            torch.from_numpy(np.array(g.values, np.float32)), torch.from_numpy(np.array(g.mask)))
-    exact = gallery_env.model.score(texts, gallery_emb).numpy()  # (N_text, N_image) geometric, every pair
-    return gallery_env.model, g, texts, exact
-
-
-def test_rerank_over_all_images_is_exact_search(setup):
-    model, g, texts, exact = setup
+def test_rerank_over_all_images_is_exact_search(ranked):
+    model, g, texts, exact = ranked
     for i in range(len(texts)):
         ids, scores = search_text(model, g, texts[i:i + 1], k=10, rerank=True, k_prime=len(g))
         assert_topk_up_to_ties(ids, exact[i], 10)
         np.testing.assert_allclose(scores, exact[i][ids], rtol=1e-5, atol=1e-6)
 
 
-def test_rerank_orders_candidates_by_exact_score(setup):
-    model, g, texts, exact = setup
+def test_rerank_orders_candidates_by_exact_score(ranked):
+    model, g, texts, exact = ranked
     k_prime, hits = 8, 0
     for i in range(len(texts)):
         _, cand = g.index.search(texts.pooled[i:i + 1].numpy(), k_prime)  # first stage
@@ -56,8 +42,8 @@ def test_rerank_orders_candidates_by_exact_score(setup):
     assert hits > 0, "no query had its true image among the candidates: the test checked nothing"
 
 
-def test_rerank_off_is_the_global_order(setup):
-    model, g, texts, _ = setup
+def test_rerank_off_is_the_global_order(ranked):
+    model, g, texts, _ = ranked
     glob = (texts.pooled @ torch.from_numpy(g.index.reconstruct_n(0, len(g))).T).numpy()  # (N_t, N_i)
     for i in range(5):
         ids, scores = search_text(model, g, texts[i:i + 1], k=5, rerank=False)

@@ -11,26 +11,18 @@ from pathlib import Path
 
 import pytest
 
-from tests.pg import fresh_database, server_url
-from tests.search.conftest import make_gallery_env, single_thread_faiss  # noqa: F401 (autouse fixture)
+from tests.search.conftest import (  # noqa: F401 (fixtures: one autouse, the PostgreSQL ones)
+    make_gallery_env,
+    pg_server,
+    pg_url,
+    single_thread_faiss,
+)
 
 
 @pytest.fixture(scope="session")
 def serve_env(tmp_path_factory):
     """The tiny model, its checkpoint and two built galleries (``tests.search.conftest.make_gallery_env``)."""
     return make_gallery_env(tmp_path_factory)
-
-
-@pytest.fixture(scope="session")
-def pg_server(tmp_path_factory) -> str:
-    """A real PostgreSQL + pgvector for the session (tests/pg.py; skipped without the pgserver wheel)."""
-    return server_url(tmp_path_factory)
-
-
-@pytest.fixture
-def pg_url(pg_server) -> str:
-    """A fresh empty database on it."""
-    return fresh_database(pg_server)
 
 
 @contextlib.contextmanager
