@@ -68,9 +68,11 @@ def exact_rankings(scores: torch.Tensor, depth: int | None = None) -> list[np.nd
     return list(order.numpy())
 
 
-def make_query_sets(world, n: int, seed: int = 0) -> dict[str, tuple[list[PartialQuery], list[np.ndarray]]]:
-    """For each kind of ``QUERY_KINDS``: ``n`` queries over ``world`` and each one's relevant image ids."""
-    scenes = [world.scene(i) for i in range(len(world))]
+def make_query_sets(world, n: int, seed: int = 0,
+                    scenes=None) -> dict[str, tuple[list[PartialQuery], list[np.ndarray]]]:
+    """For each kind of ``QUERY_KINDS``: ``n`` queries over ``world`` and each one's relevant image ids
+    (``scenes``: the world's scenes when already read)."""
+    scenes = scenes if scenes is not None else [world.scene(i) for i in range(len(world))]
     out = {}
     for kind, n_objects in QUERY_KINDS.items():
         queries = make_queries(world, n, n_objects, seed)
@@ -97,7 +99,7 @@ def evaluate_partial_queries(model, world, images, n: int = 300, seed: int = 0, 
     record: dict = {"queries": n, "seed": seed, "images": len(world), "k_prime": k_prime if gallery else None}
     if gallery is not None:
         gallery.check_images(images)
-    for kind, (queries, relevant) in make_query_sets(world, n, seed).items():
+    for kind, (queries, relevant) in make_query_sets(world, n, seed, scenes).items():
         texts = model.encode_text([q.text for q in queries])
         entry = {"relevant_per_query": {"mean": float(np.mean([len(r) for r in relevant])),
                                         "min": int(min(len(r) for r in relevant))}}
