@@ -12,10 +12,16 @@
    use) [× ``--weight-decays`` × ``--warmup-steps`` when given] is trained ``--search-steps`` steps with
    ``--search-seed`` from the model's base config (geo-tiny: configs/synthetic.yaml, clip-tiny:
    configs/synthetic_clip.yaml, any other registered name: configs/synthetic.yaml with ``--model NAME``), then
-   scored on the validation split (eval.py, text->image R@1). Best = highest val R@1 (ties: lower lr). The best
-   recipe is written as a config: configs/compare_<model>.yaml (``--budget tiny``: <out>/recipes/).
+   scored on the validation split (eval.py, text->image R@1, exact and served). A geometric model has two
+   temperatures: ``--global-temperatures`` searches its global one on its own axis (full: 0.03 0.07; empty: tied
+   to the geometric one); a global-only model has one temperature, searched over every value either axis takes.
+   Served = the service's two-stage search (global top-K' then geometric re-rank, eval.py ``--mode two-stage``)
+   for a geometric model, the global ranking itself for a global-only one. Best = highest served val R@1 (ties:
+   exact, then lower lr). The best recipe is written as a config: configs/compare_<model>.yaml (``--budget
+   tiny``: <out>/recipes/).
 2. That config trained for ``--steps`` steps with every seed of ``--seeds`` and evaluated on the test split
-   (``eval.py --suite all``: R@K + the compositional suite) and, on the shapes world, on the ``cogent`` split.
+   (``eval.py --suite all``: R@K, the compositional suite, partial queries) and, on the shapes world, on the
+   ``cogent`` split; a geometric model's test split also served (``--mode two-stage``: R@K and partial queries).
 3. Writes to ``--out`` (default runs/compare): compare.json (every run: recipe, seed, val R@1 curves from its
    metrics.csv, wall seconds, test metrics), results.md (search grids, chosen recipes, mean ± std and lowest seed
    per model, geometric-minus-baseline margin paired by seed, the step each seed's global loss leaves its ln B
@@ -59,8 +65,10 @@ BUDGETS = {
     # 500 search steps: at 200, every clip-tiny recipe tried was still on its ln B plateau
     # (docs/measurements/retrieval.md)
     "full": dict(search_steps=500, steps=1000, lrs=[5e-4, 1e-3, 2e-3], temperatures=[0.03, 0.07],
-                 caption_negatives=[0, 2], val_limit=None, limit=None, suite_limit=None, val_points=10, extra=[]),
-    "tiny": dict(search_steps=3, steps=3, lrs=[1e-3, 2e-3], temperatures=[0.07], caption_negatives=[0, 2],
+                 global_temperatures=[0.03, 0.07], caption_negatives=[0, 2], val_limit=None, limit=None,
+                 suite_limit=None, val_points=10, extra=[]),
+    "tiny": dict(search_steps=3, steps=3, lrs=[1e-3, 2e-3], temperatures=[0.07], global_temperatures=[0.07],
+                 caption_negatives=[0, 2],
                  val_limit=6, limit=6, suite_limit=6, val_points=3,
                  extra=[x for k, v in TINY_MODEL_ARGS.items() for x in (f"--model_args.{k}", str(v))]
                  + ["--trainer.batch_size", "8", "--data.train_size", "64", "--data.val_size", "6",
@@ -100,10 +108,13 @@ class Recipe:
     caption_negatives: int
     weight_decay: float | None = None  # None: the base config's
     warmup_steps: int | None = None
+    global_temperature: float | None = None  # a geometric model's global one; None: = temperature
 
     @property
     def label(self) -> str:
-        out = f"lr={fmt(self.lr)} T={fmt(self.temperature)} neg={self.caption_negatives}"
+        out = f"lr={fmt(self.lr)} T={fmt(self.temperature)}"
+        out += "" if self.global_temperature is None else f" Tg={fmt(self.global_temperature)}"
+        out += f" neg={self.caption_negatives}"
         out += "" if self.weight_decay is None else f" wd={fmt(self.weight_decay)}"
         return out + ("" if self.warmup_steps is None else f" warmup={self.warmup_steps}")
 
@@ -112,7 +123,8 @@ class Recipe:
         return self.label.replace("=", "").replace(" ", "_")
 
     def overrides(self, geometric: bool) -> list[str]:
-        out = ["--optim.lr", repr(self.lr), "--model_args.init_temperature_global", repr(self.temperature),
+        t_global = self.temperature if self.global_temperature is None else self.global_temperature
+        out = ["--optim.lr", repr(self.lr), "--model_args.init_temperature_global", repr(t_global),
                "--data.caption_negatives", str(self.caption_negatives)]
         if geometric:
             out += ["--model_args.init_temperature_geo", repr(self.temperature)]
@@ -126,15 +138,19 @@ class Recipe:
         return {k: v for k, v in vars(self).items() if v is not None}
 
 
-def grid(args: argparse.Namespace) -> list[Recipe]:
-    axes = [args.lrs, args.temperatures, args.caption_negatives, args.weight_decays or [None],
-            args.warmup_steps or [None]]
+def grid(args: argparse.Namespace, geometric: bool) -> list[Recipe]:
+    """A geometric model: lr × T × negatives [× wd × warm-up] × global T (when searched apart); a global-only model
+    has one temperature, searched over every value either temperature axis takes."""
+    temperatures = args.temperatures if geometric else sorted(set(args.temperatures) | set(args.global_temperatures))
+    axes = [args.lrs, temperatures, args.caption_negatives, args.weight_decays or [None], args.warmup_steps or [None],
+            (args.global_temperatures or [None]) if geometric else [None]]
     return [Recipe(*point) for point in itertools.product(*axes)]
 
 
 def best_recipe(rows: list[dict]) -> dict:
-    """Highest val R@1; ties: lower lr, then grid order."""
-    return max(enumerate(rows), key=lambda ir: (ir[1]["val_R@1"], -ir[1]["recipe"]["lr"], -ir[0]))[1]
+    """Highest served val R@1; ties: exact val R@1, lower lr, then grid order."""
+    return max(enumerate(rows), key=lambda ir: (ir[1]["val_served_R@1"], ir[1]["val_R@1"], -ir[1]["recipe"]["lr"],
+                                                -ir[0]))[1]
 
 
 # ------------------------------------------------------------------------------------------------ run folders
@@ -257,11 +273,11 @@ def train_run(config: str, overrides: list[str], run_dir: Path) -> tuple[str, fl
     return how, time.time() - start
 
 
-def eval_run(run_dir: Path, split: str, extra: list[str]) -> tuple[dict, float, bool]:
-    """eval.py on one split, or its JSON when it exists; -> (result, seconds, reused)."""
+def eval_run(run_dir: Path, split: str, extra: list[str], tag: str = "") -> tuple[dict, float, bool]:
+    """eval.py on one split, or its JSON (results_<split><tag>.json) when it exists; -> (result, seconds, reused)."""
     import eval as eval_app
 
-    out = run_dir / f"results_{split}.json"
+    out = run_dir / f"results_{split}{tag}.json"
     if out.is_file():
         return json.loads(out.read_text()), 0.0, True
     start = time.time()
@@ -280,9 +296,10 @@ def curves(run_dir: Path) -> dict:
 
 # ------------------------------------------------------------------------------------------------ the stages
 
-def search(model: str, args: argparse.Namespace, recipes: list[Recipe], out: Path) -> list[dict]:
+def search(model: str, args: argparse.Namespace, out: Path) -> list[dict]:
     config, pick = base_config(model)
     geometric = is_geometric(model)
+    recipes = grid(args, geometric)
     every = max(1, args.search_steps // args.val_points)
     rows = []
     for i, recipe in enumerate(recipes, 1):
@@ -296,11 +313,15 @@ def search(model: str, args: argparse.Namespace, recipes: list[Recipe], out: Pat
         how, train_s = train_run(config, overrides, run_dir)
         val_args = [] if args.val_limit is None else ["--limit", str(args.val_limit)]
         result, eval_s, eval_reused = eval_run(run_dir, "val", val_args)
-        r1 = result["metrics"]["text_to_image_R@1"]
+        r1 = served = result["metrics"]["text_to_image_R@1"]
+        if geometric:  # what the service serves: global top-K', geometric re-rank
+            two_stage, seconds, was = eval_run(run_dir, "val", [*val_args, "--mode", "two-stage"], tag="_served")
+            served, eval_s = two_stage["metrics"]["text_to_image_R@1"], eval_s + seconds
+            eval_reused = eval_reused and was
         reused = how == "reused" and eval_reused
-        log(f"{head} {done(how, reused)}val R@1 {r1:.3f} ({train_s + eval_s:.0f} s)")
+        log(f"{head} {done(how, reused)}val R@1 {r1:.3f}, served {served:.3f} ({train_s + eval_s:.0f} s)")
         rows.append({"recipe": recipe.as_dict(), "label": recipe.label, "seed": args.search_seed,
-                     "run_dir": str(run_dir), "trained": how, "reused": reused, "val_R@1": r1,
+                     "run_dir": str(run_dir), "trained": how, "reused": reused, "val_R@1": r1, "val_served_R@1": served,
                      "val_metrics": result["metrics"], "train_s": round(train_s, 1), "eval_s": round(eval_s, 1),
                      "wall_s": total_wall(run_dir), **curves(run_dir)})
     return rows
@@ -328,8 +349,9 @@ def write_recipe(model: str, best: dict, args: argparse.Namespace, recipes_dir: 
     shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
     text = (f"# python train.py --config {shown}\n"
             f"# {model} at its best recipe of `python -m experiments.compare` ({recipe.label}): validation "
-            f"text->image R@1 {100 * best['val_R@1']:.1f}\n# after {args.search_steps} search steps (seed "
-            f"{args.search_seed}), the best of {len(grid(args))} recipes; trained here for {args.steps} steps.\n"
+            f"text->image R@1 {100 * best['val_R@1']:.1f}, served {100 * best['val_served_R@1']:.1f}\n# after "
+            f"{args.search_steps} search steps (seed {args.search_seed}), the best of "
+            f"{len(grid(args, is_geometric(model)))} recipes; trained here for {args.steps} steps.\n"
             + yaml.safe_dump({"name": merged.pop("name"), **merged}, sort_keys=False))
     path.parent.mkdir(parents=True, exist_ok=True)
     if not path.is_file() or path.read_text() != text:
@@ -347,12 +369,22 @@ def final(model: str, recipe_path: Path, args: argparse.Namespace, out: Path, sy
         overrides = ["--trainer.seed", str(seed), "--out_dir", str(run_dir.parent), "--name", run_dir.name]
         how, train_s = train_run(config, overrides, run_dir)
         evals, eval_s, reused = {}, 0.0, how == "reused"
+        limit = [] if args.limit is None else ["--limit", str(args.limit)]
         for split in ("test", "cogent") if synthetic else ("test",):
-            extra = ["--suite", "all"] + ([] if args.limit is None else ["--limit", str(args.limit)])
+            extra = ["--suite", "all", *limit]
             extra += [] if args.suite_limit is None else ["--suite-limit", str(args.suite_limit)]
             result, seconds, was = eval_run(run_dir, split, extra)
             evals[split] = {k: v for k, v in result.items() if k != "diagnostics"}
             eval_s, reused = eval_s + seconds, reused and was
+        if is_geometric(model):  # the test split as the service serves it: R@K and (shapes world) partial queries
+            suites = ("retrieval", "partial") if synthetic else ("retrieval",)
+            served = {}
+            for suite in suites:
+                result, seconds, was = eval_run(run_dir, "test", ["--suite", suite, "--mode", "two-stage", *limit],
+                                                tag=f"_served_{suite}")
+                served.update({k: result[k] for k in ("metrics", "partial_queries") if k in result})
+                eval_s, reused = eval_s + seconds, reused and was
+            evals["test"]["served"] = served
         said = ", ".join(f"{s} R@1 {r['metrics']['text_to_image_R@1']:.3f}" for s, r in evals.items())
         log(f"{head} {done(how, reused)}{said} ({train_s + eval_s:.0f} s)")
         c = curves(run_dir)
@@ -373,6 +405,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--lrs", nargs="+", type=float, help="grid: peak learning rates (full: 5e-4 1e-3 2e-3)")
     p.add_argument("--temperatures", nargs="+", type=float,
                    help="grid: initial temperatures, global and (geometric models) geometric (full: 0.03 0.07)")
+    p.add_argument("--global-temperatures", nargs="*", type=float,
+                   help="grid: a geometric model's initial global temperature, searched apart from --temperatures "
+                   "(full: 0.03 0.07; given empty: tied to the geometric one)")
     p.add_argument("--caption-negatives", nargs="+", type=int, help="grid: data.caption_negatives (full: 0 2)")
     p.add_argument("--weight-decays", nargs="+", type=float, default=[],
                    help="grid (optional): optim.weight_decay (default: each base config's)")
@@ -392,8 +427,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     add_report_to(p, "compare", "results.md")
     args, extra = p.parse_known_args(argv)
     preset = BUDGETS[args.budget]
-    for k in ("lrs", "temperatures", "caption_negatives", "search_steps", "steps", "val_limit", "limit", "suite_limit",
-              "val_points"):
+    for k in ("lrs", "temperatures", "global_temperatures", "caption_negatives", "search_steps", "steps",
+              "val_limit", "limit", "suite_limit", "val_points"):
         if getattr(args, k) is None:
             setattr(args, k, preset[k])
     args.extra = list(preset["extra"]) + extra
@@ -416,7 +451,9 @@ def check(p: argparse.ArgumentParser, args: argparse.Namespace, extra: list[str]
             p.error(f"--{axis.replace('_', '-')} is empty: give at least one value")
         if len(set(values)) != len(values):
             p.error(f"--{axis.replace('_', '-')} lists a value twice: {values}")
-    if min(args.lrs) <= 0 or min(args.temperatures) <= 0 or min(args.caption_negatives) < 0:
+    if len(set(args.global_temperatures)) != len(args.global_temperatures):
+        p.error(f"--global-temperatures lists a value twice: {args.global_temperatures}")
+    if min(args.lrs) <= 0 or min(args.temperatures + args.global_temperatures) <= 0 or min(args.caption_negatives) < 0:
         p.error("learning rates and temperatures must be positive, caption negatives >= 0")
     if min(args.search_steps, args.steps, args.val_points) < 1:
         p.error("--search-steps, --steps and --val-points must be >= 1")
@@ -426,7 +463,8 @@ def check(p: argparse.ArgumentParser, args: argparse.Namespace, extra: list[str]
         p.error(f"extra arguments are train.py overrides (--section.key VALUE): {err}")
     own = sorted(k for k in flat if k in OWN_KEYS)
     if own:
-        p.error(f"{own} are set by this script (grid axes: --lrs, --temperatures, --caption-negatives, "
+        p.error(f"{own} are set by this script (grid axes: --lrs, --temperatures, --global-temperatures, "
+                "--caption-negatives, "
                 "--weight-decays, --warmup-steps; --search-steps, --steps, --seeds, --out): use those options")
     for model in args.models:  # the base config with the extra overrides must load before anything trains
         config, pick = base_config(model)
@@ -442,31 +480,32 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse(argv)
     out = Path(args.out).resolve()
     recipes_dir = Path(args.recipes_dir or (out / "recipes" if args.budget == "tiny" else ROOT / "configs")).resolve()
-    recipes = grid(args)
+    sizes = {m: len(grid(args, is_geometric(m))) for m in args.models}
     if args.report_to:
         check_markers(Path(args.report_to).resolve(), "compare")  # before hours of training, not after
     synthetic = all(yaml.safe_load((ROOT / base_config(m)[0]).read_text())["data"]["name"] == "synthetic"
                     for m in args.models)
-    log(f"{len(args.models)} models × {len(recipes)} recipes × {args.search_steps} steps, then {len(args.seeds)} "
+    log(f"{len(args.models)} models ({', '.join(f'{m}: {n} recipes' for m, n in sizes.items())}) × "
+        f"{args.search_steps} steps, then {len(args.seeds)} "
         f"seeds × {args.steps} steps; runs under {out}")
     models: dict = {}
     for model in args.models:
-        rows = search(model, args, recipes, out)
+        rows = search(model, args, out)
         best = best_recipe(rows)
-        log(f"best {model}: {best['label']} (val R@1 {best['val_R@1']:.3f})")
+        log(f"best {model}: {best['label']} (val R@1 {best['val_R@1']:.3f}, served {best['val_served_R@1']:.3f})")
         path = write_recipe(model, best, args, recipes_dir)
         models[model] = {"base_config": base_config(model)[0], "geometric": is_geometric(model), "search": rows,
-                         "best": {k: best[k] for k in ("recipe", "label", "val_R@1", "run_dir")},
+                         "best": {k: best[k] for k in ("recipe", "label", "val_R@1", "val_served_R@1", "run_dir")},
                          "recipe_config": str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path)}
     for model in args.models:
         models[model]["final"] = final(model, ROOT / models[model]["recipe_config"], args, out, synthetic)
     summary, margins = summarise(models)
-    grid_axes = {k: getattr(args, k) for k in ("lrs", "temperatures", "caption_negatives", "weight_decays",
-                                               "warmup_steps")}
+    grid_axes = {k: getattr(args, k) for k in ("lrs", "temperatures", "global_temperatures", "caption_negatives",
+                                               "weight_decays", "warmup_steps")}
     data = {"command": "python -m experiments.compare " + shlex.join(argv), "commit": commit(),
             "machine": f"{cpu_model()} ({os.cpu_count()} CPUs)",
             "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "wall_s": 0.0,
-            "settings": {"budget": args.budget, "grid": grid_axes, "grid_size": len(recipes),
+            "settings": {"budget": args.budget, "grid": grid_axes, "grid_size": sizes,
                          "search_steps": args.search_steps, "search_seed": args.search_seed, "steps": args.steps,
                          "seeds": args.seeds, "val_limit": args.val_limit, "limit": args.limit,
                          "suite_limit": args.suite_limit, "val_points": args.val_points, "synthetic": synthetic,

@@ -13,11 +13,28 @@ PLATEAU_MARGIN = 0.1  # a run has left its loss plateau when train/loss_global <
 
 
 def rows_of(result: dict, ks: tuple[int, ...] = (1, 5, 10)) -> dict[str, float]:
-    """Flat {row: value in %} of one eval JSON (R@K for each of ``ks``, both directions; the suite's accuracies)."""
+    """Flat {row: value in %} of one eval JSON (R@K for each of ``ks``, both directions; served text→image R@1; the
+    suite's accuracies; partial-query P@1). Served = ``result["served"]`` (two-stage) for a geometric model, the
+    global ranking itself for a global-only one."""
     m = result["metrics"]
     rows = {f"{a}→{b} R@{k}": m[f"{d}_R@{k}"] for d, a, b in (("text_to_image", "text", "image"),
                                                                 ("image_to_text", "image", "text"))
             for k in ks}
+    global_only = result.get("score") == "global"
+    served = result.get("served", {})
+    if "metrics" in served or global_only:
+        rows["served text→image R@1"] = (m if global_only else served["metrics"])["text_to_image_R@1"]
+    partial = result.get("partial_queries", {})
+    for kind in ("one_object", "two_object"):
+        if kind in partial:
+            name = kind.replace("_", "-")
+            exact = partial[kind].get("exact_geometric", partial[kind]["exact_global"])
+            rows[f"{name} P@1"] = exact["P@1"]
+            rows[f"{name} P@1, global vector"] = partial[kind]["exact_global"]["P@1"]
+            if global_only:
+                rows[f"{name} P@1, served"] = exact["P@1"]
+            elif kind in served.get("partial_queries", {}):
+                rows[f"{name} P@1, served"] = served["partial_queries"][kind]["served"]["P@1"]
     comp = result.get("compositional")
     if comp:
         rows.update({k: v["accuracy"] for k, v in comp["edits"].items() if v["accuracy"] is not None})
@@ -48,7 +65,8 @@ def summarise(models: dict) -> tuple[dict, dict]:
         for row, per_model in rows.items():
             for g, b in itertools.product(geo, base):
                 seeds = [s for s in per_model.get(g, {}) if s in per_model.get(b, {})]
-                if seeds and row in ("text→image R@1", "image→text R@1", "all edits"):
+                if seeds and row in ("text→image R@1", "image→text R@1", "served text→image R@1", "all edits",
+                                     "one-object P@1", "one-object P@1, served"):
                     diff = [per_model[g][s] - per_model[b][s] for s in seeds]
                     margins.setdefault(split, {}).setdefault(row, {})[f"{g} − {b}"] = {**mean_std(diff),
                                                                                        "paired_seeds": seeds}
@@ -63,28 +81,39 @@ def cell(s: dict) -> str:
 
 def markdown(data: dict, image: str) -> str:
     models, s = data["models"], data["settings"]
+    sizes = s["grid_size"] if isinstance(s["grid_size"], dict) else {n: s["grid_size"] for n in models}
+    tg = s["grid"].get("global_temperatures") or []
     out = ["## Geometric model vs baseline, each at its own best recipe (experiments/compare.py)", "",
-           f"Every model gets the same recipe search: {s['grid_size']} recipes (lr {s['grid']['lrs']} × initial "
+           f"Every model gets the same recipe search: lr {s['grid']['lrs']} × initial "
            f"temperature {s['grid']['temperatures']} × caption negatives {s['grid']['caption_negatives']}"
            + "".join(f" × {k.replace('_', ' ')} {s['grid'][k]}" for k in ("weight_decays", "warmup_steps")
-                     if s["grid"][k]) + f"), {s['search_steps']} steps each, seed {s['search_seed']}, scored by "
-           f"text→image R@1 on the validation split ({s['val_limit'] or 'all'} images); other settings (warm-up, "
+                     if s["grid"][k])
+           + (f" × a geometric model's global temperature {tg} (a global-only model's one temperature takes every "
+              "value of both axes)" if tg else "")
+           + f" — {', '.join(f'{n}: {k} recipes' for n, k in sizes.items())} — {s['search_steps']} steps each, seed "
+           f"{s['search_seed']}, scored by served text→image R@1 on the validation split (ties: exact; served = "
+           f"the service's two-stage search for a geometric model, the global ranking for a global-only one; "
+           f"{s['val_limit'] or 'all'} images); other settings (warm-up, "
            "weight decay, batch, towers, data) come from each model's base config. The best recipe is then trained "
            f"for {s['steps']} steps with seeds {s['seeds']} and evaluated on the test split"
            f"{' and on cogent' if s['synthetic'] else ''} ({s['limit'] or 'all'} images; suite on "
            f"{s['suite_limit'] or s['limit'] or 'all'}).", ""]
     out += ["### Recipe search (validation text→image R@1, %)", ""]
     for name, m in models.items():
-        out += [f"**{name}** (base {m['base_config']})", "", "| recipe | val T→I R@1 | val I→T R@1 | train s |",
-                "|---|---|---|---|"]
+        out += [f"**{name}** (base {m['base_config']})", "",
+                "| recipe | val T→I R@1 | val served T→I R@1 | val I→T R@1 | train s |", "|---|---|---|---|---|"]
         for r in m["search"]:
             best = r["label"] == m["best"]["label"]
             label = f"**{r['label']}** (chosen)" if best else r["label"]
-            out.append(f"| {label} | {100 * r['val_R@1']:.1f} | {100 * r['val_metrics']['image_to_text_R@1']:.1f} | "
+            served = r.get("val_served_R@1", r["val_R@1"])
+            out.append(f"| {label} | {100 * r['val_R@1']:.1f} | {100 * served:.1f} | "
+                       f"{100 * r['val_metrics']['image_to_text_R@1']:.1f} | "
                        f"{r['wall_s'] if r['wall_s'] is not None else '–'} |")
         out.append("")
-    out += ["### Chosen recipes", "", "| model | recipe | val T→I R@1 | config |", "|---|---|---|---|"]
-    out += [f"| {n} | {m['best']['label']} | {100 * m['best']['val_R@1']:.1f} | `{m['recipe_config']}` |"
+    out += ["### Chosen recipes", "", "| model | recipe | val T→I R@1 | val served T→I R@1 | config |",
+            "|---|---|---|---|---|"]
+    out += [f"| {n} | {m['best']['label']} | {100 * m['best']['val_R@1']:.1f} | "
+            f"{100 * m['best'].get('val_served_R@1', m['best']['val_R@1']):.1f} | `{m['recipe_config']}` |"
             for n, m in models.items()]
     out.append("")
     for split, rows in data["summary"].items():

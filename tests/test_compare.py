@@ -40,18 +40,28 @@ def test_compare_tiny_searches_alike_reports_and_resumes(tmp_path):
     assert list(models) == list(MODELS)
     assert models["geo-tiny"]["geometric"] and not models["clip-tiny"]["geometric"]
 
-    # the same grid (lr × temperature × caption negatives), the same steps, for both models
+    # the same grid (lr × temperature × caption negatives), the same steps, for both models; the geometric model's
+    # global temperature on its own axis
     grids = {name: [r["recipe"] for r in m["search"]] for name, m in models.items()}
-    assert grids["geo-tiny"] == grids["clip-tiny"] and len(grids["geo-tiny"]) == 4
-    assert {(r["lr"], r["temperature"], r["caption_negatives"]) for r in grids["geo-tiny"]} == {
-        (lr, 0.07, neg) for lr in (1e-3, 2e-3) for neg in (0, 2)}
+    assert len(grids["geo-tiny"]) == len(grids["clip-tiny"]) == 4
+    for recipes in grids.values():
+        assert {(r["lr"], r["temperature"], r["caption_negatives"]) for r in recipes} == {
+            (lr, 0.07, neg) for lr in (1e-3, 2e-3) for neg in (0, 2)}
+    assert all(r["global_temperature"] == 0.07 for r in grids["geo-tiny"])
+    assert not any("global_temperature" in r for r in grids["clip-tiny"])
     assert data["settings"]["search_steps"] == 3 and data["settings"]["seeds"] == [0, 1, 2]
 
     for name, m in models.items():
-        # the best recipe is the grid's highest val R@1, ties to the lower lr
-        top = max(r["val_R@1"] for r in m["search"])
-        assert m["best"]["val_R@1"] == top
-        assert m["best"]["recipe"]["lr"] == min(r["recipe"]["lr"] for r in m["search"] if r["val_R@1"] == top)
+        # the best recipe is the grid's highest served val R@1, ties to exact, then the lower lr
+        key = [(r["val_served_R@1"], r["val_R@1"]) for r in m["search"]]
+        assert (m["best"]["val_served_R@1"], m["best"]["val_R@1"]) == max(key)
+        assert m["best"]["recipe"]["lr"] == min(r["recipe"]["lr"] for r, k in zip(m["search"], key) if k == max(key))
+        if not m["geometric"]:  # served = the global ranking itself
+            assert all(r["val_served_R@1"] == r["val_R@1"] for r in m["search"])
+        else:  # the two-stage evaluation of the validation split ran and is what was read
+            served = json.loads((Path(m["search"][0]["run_dir"]) / "results_val_served.json").read_text())
+            assert served["mode"] == "two-stage"
+            assert m["search"][0]["val_served_R@1"] == served["metrics"]["text_to_image_R@1"]
         assert all(r["val_curves"] and 0 <= r["val_R@1"] <= 1 for r in m["search"])
         # written under the output folder (not configs/), loadable against the schema, and it is the recipe
         path = Path(m["recipe_config"])
@@ -60,7 +70,8 @@ def test_compare_tiny_searches_alike_reports_and_resumes(tmp_path):
         cfg = load_train_config(path)
         assert cfg.model == name and cfg.optim.lr == m["best"]["recipe"]["lr"]
         assert cfg.data.caption_negatives == m["best"]["recipe"]["caption_negatives"]
-        assert cfg.model_args["init_temperature_global"] == m["best"]["recipe"]["temperature"]
+        best = m["best"]["recipe"]
+        assert cfg.model_args["init_temperature_global"] == best.get("global_temperature", best["temperature"])
         assert ("init_temperature_geo" in cfg.model_args) == m["geometric"]
         # three seeds, each evaluated on test and cogent (R@K and the suite)
         assert [r["seed"] for r in m["final"]] == [0, 1, 2]
@@ -68,6 +79,9 @@ def test_compare_tiny_searches_alike_reports_and_resumes(tmp_path):
             for split in ("test", "cogent"):
                 assert {"text_to_image_R@1", "image_to_text_R@10"} <= set(run[split]["metrics"])
                 assert "all_edits" in run[split]["compositional"]
+            if m["geometric"]:  # the test split as the service serves it: R@K and partial queries
+                served = run["test"]["served"]
+                assert "text_to_image_R@1" in served["metrics"] and "served" in served["partial_queries"]["one_object"]
             assert run["wall_s"] > 0 and "val/global/text_to_image_R@1" in run["val_curves"]
         assert data["summary"]["test"]["text→image R@1"][name]["seed_ids"] == [0, 1, 2]
     assert set(data["margins"]["test"]["all edits"]) == {"geo-tiny − clip-tiny"}
@@ -76,7 +90,9 @@ def test_compare_tiny_searches_alike_reports_and_resumes(tmp_path):
     md = (out / "results.md").read_text()
     for text in ("### Recipe search", "| **lr=", "### Chosen recipes", "### test split", "### cogent split",
                  "| text→image R@1 |", "| image→text R@10 |", "| all edits |", "### Margin, geometric − baseline",
-                 "| test | text→image R@1 | ", "### Training loss plateau", "| clip-tiny (baseline) | 2.08 |",
+                 "| test | text→image R@1 | ", "| served text→image R@1 |", "| one-object P@1 |",
+                 "| one-object P@1, served |", "| test | one-object P@1 | ", "val served T→I R@1", "Tg=0.07",
+                 "### Training loss plateau", "| clip-tiny (baseline) | 2.08 |",
                  "commit ", "python -m experiments.compare --budget tiny --out"):
         assert text in md, text
     assert (out / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -92,6 +108,20 @@ def test_compare_tiny_searches_alike_reports_and_resumes(tmp_path):
     assert all(r["reused"] for m in again["models"].values() for r in m["search"] + m["final"])
     assert again["summary"] == data["summary"]
     assert second_s < first_s / 2, (first_s, second_s)
+
+
+def test_the_global_temperature_is_searched_apart_and_the_baseline_takes_every_value():
+    from experiments.compare import grid, parse
+
+    args = parse(["--budget", "tiny", "--temperatures", "0.03", "0.07", "--global-temperatures", "0.05", "0.07"])
+    geo, clip = grid(args, geometric=True), grid(args, geometric=False)
+    assert {(r.temperature, r.global_temperature) for r in geo} == {(t, g) for t in (0.03, 0.07) for g in (0.05, 0.07)}
+    assert {r.temperature for r in clip} == {0.03, 0.05, 0.07} and {r.global_temperature for r in clip} == {None}
+    over = geo[1].overrides(geometric=True)
+    assert over[over.index("--model_args.init_temperature_global") + 1] == repr(geo[1].global_temperature)
+    assert over[over.index("--model_args.init_temperature_geo") + 1] == repr(geo[1].temperature)
+    tied = grid(parse(["--budget", "tiny", "--global-temperatures"]), geometric=True)
+    assert {r.global_temperature for r in tied} == {None} and "Tg=" not in tied[0].label
 
 
 def test_a_run_killed_before_its_first_checkpoint_is_trained_again(tmp_path):
