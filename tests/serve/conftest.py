@@ -27,11 +27,13 @@ def serve_env(tmp_path_factory):
 
 @contextlib.contextmanager
 def running_server(index, *args: str, timeout: float = 60):
-    """``python -m serve run --index INDEX *args`` on a free loopback port -> its URL; stopped afterwards."""
+    """``python -m serve run --index INDEX *args`` (no ``--index`` when INDEX is None: ``--db URL`` in args) on a free
+    loopback port -> its URL; stopped afterwards."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "serve", "run", "--index", str(index), "--port", str(port), *args],
+    where = [] if index is None else ["--index", str(index)]
+    proc = subprocess.Popen([sys.executable, "-m", "serve", "run", *where, "--port", str(port), *args],
                             cwd=Path(__file__).resolve().parents[2], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + timeout
     try:
