@@ -4,6 +4,8 @@ on.
     python -m benchmarks.load_search [--count 100000] [--clients 1 8 32] [--seconds 8] [--max-requests 3000]
                                      [--client raw|httpx] [--codec fp16|sq8|pq8|...] [--keep-patches N]
                                      [--rerank off|on|both] [--server-args ARGS ...] [--rounds R]
+                                     [--db local:DIR|URL [--db-count N] [--hnsw-m M] [--hnsw-ef-construction E]
+                                      [--db-ef-search EF] [--recall-ef EF ...] [--recall-ckpt CKPT]]
 
 Builds (once, cached under --workdir) a gallery of ``--count`` random vectors shaped like the default
 ``geo-tiny`` model's (global vectors in FAISS, keys/values memory-mapped, fp16 or ``--codec``'s codes; no images
@@ -18,6 +20,14 @@ Side by side: ``--server-args`` given several times names server variants (e.g. 
 --server-args "--batch-workers 2"``); each of ``--rounds`` rounds starts every variant in turn on the same gallery
 and runs its settings, and a summary gives each variant's median QPS, every round's p99 and their median, and its
 median CPU per request: one run, alternated, so a slow spell of the machine does not land on one variant alone.
+
+Database: ``--db local:DIR`` (or a postgresql:// URL) serves the same gallery from PostgreSQL + pgvector beside the
+folder (``--codec rq8``: the folder's rows, codes and codebooks loaded into the database, ``benchmarks.load_db``),
+each round starting the folder's server and then the database's (``serve run --db``); ``--db-count`` above
+``--count`` gives the database more rows (random global vectors, codes cycling through the folder's). The load
+prints and records the insert rates, the HNSW build time and the disk bytes per image; ``--recall-ef`` measures the
+first stage's recall@K' against exact inner products per ``hnsw.ef_search`` (and ``--recall-ckpt`` the same over a
+trained model's vectors of the synthetic set).
 """
 
 from __future__ import annotations
@@ -33,6 +43,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import numpy as np
 
 from benchmarks.harness import ROOT, add_json, alternate, write_json
 
@@ -207,17 +219,18 @@ def split_server_args(server_args: str) -> tuple[list[str], dict[str, str]]:
     return words, env
 
 
-def start_server(index: Path, server_args: str) -> tuple[subprocess.Popen, str]:
-    """``python -m serve run`` on a free loopback port with ``server_args`` (leading ``NAME=value`` words set the
-    server's environment, as in a shell: ``"TOKENIZERS_PARALLELISM=false --batch-workers 1"``); returns once /health
-    answers."""
+def start_server(gallery: Path | list[str], server_args: str) -> tuple[subprocess.Popen, str]:
+    """``python -m serve run`` over ``gallery`` (an index folder, or its options: ``["--db", URL]``) on a free
+    loopback port with ``server_args`` (leading ``NAME=value`` words set the server's environment, as in a shell:
+    ``"TOKENIZERS_PARALLELISM=false --batch-workers 1"``); returns once /health answers."""
     import httpx
 
     words, extra_env = split_server_args(server_args)
     env = {**os.environ, **extra_env}
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen([sys.executable, "-m", "serve", "run", "--index", str(index), "--host", "127.0.0.1",
+    where = ["--index", str(gallery)] if isinstance(gallery, Path) else gallery
+    server = subprocess.Popen([sys.executable, "-m", "serve", "run", *where, "--host", "127.0.0.1",
                                "--port", str(port), *words], cwd=ROOT, env=env)
     deadline = time.monotonic() + 120
     while True:
@@ -240,20 +253,35 @@ def stop_server(server: subprocess.Popen) -> None:
         server.kill()
 
 
-def measure(server: subprocess.Popen, url: str, texts: list[str], clients: int, rerank: bool, args) -> dict:
+def measure(server: subprocess.Popen, url: str, texts: list[str], clients: int, rerank: bool, args,
+            db_pid: int | None = None) -> dict:
     """One setting against a running server: latency from the client, plus the server's own mean time and the CPU
-    time per request of the server's process tree and of this process."""
+    time per request of the server's process tree, of this process and (``db_pid``: an embedded PostgreSQL's
+    postmaster) of the database's processes."""
     s0, n0 = server_search_seconds(url)
     cpu0, own0 = tree_cpu_seconds(server.pid), time.process_time()
+    db0 = tree_cpu_seconds(db_pid) if db_pid else None
     r = asyncio.run(run_setting(url, texts, clients, rerank, args.seconds, args.max_requests, args.client))
     cpu1, own1 = tree_cpu_seconds(server.pid), time.process_time()
+    db1 = tree_cpu_seconds(db_pid) if db_pid else None
     s1, n1 = server_search_seconds(url)
     n = r["requests"] + WARMUP  # every request sent, as in the CPU times
     # /metrics is one process's: with `--workers N` it saw only a share of the requests, and its mean is not shown
     r["server_mean_ms"] = 1000 * (s1 - s0) / n if n1 - n0 == n else None
     r["server_cpu_ms_per_request"] = None if cpu0 is None or cpu1 is None else 1000 * (cpu1 - cpu0) / n
     r["client_cpu_ms_per_request"] = 1000 * (own1 - own0) / n
+    r["db_cpu_ms_per_request"] = None if db0 is None or db1 is None else 1000 * (db1 - db0) / n
     return r
+
+
+def postmaster_pid(spec: str | None) -> int | None:
+    """The postmaster of an embedded (``local:DIR``) PostgreSQL, whose CPU the load test counts; else None."""
+    if not spec or not spec.startswith("local:"):
+        return None
+    try:
+        return int((Path(spec[len("local:"):]) / "postmaster.pid").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def summarize(rows: list[dict], variants: list[str]) -> None:
@@ -265,7 +293,7 @@ def summarize(rows: list[dict], variants: list[str]) -> None:
     for v in variants:
         for rerank in sorted({r["rerank"] for r in rows}):
             for c in sorted({r["clients"] for r in rows}):
-                sel = [r for r in rows if r["server_args"] == v and r["rerank"] == rerank and r["clients"] == c]
+                sel = [r for r in rows if r["variant"] == v and r["rerank"] == rerank and r["clients"] == c]
                 cpu = [r["server_cpu_ms_per_request"] for r in sel if r["server_cpu_ms_per_request"] is not None]
                 p99s = " / ".join(f"{r['p99_ms']:.1f}" for r in sel)
                 print(f"  [{v or 'defaults'}] {'top100' if rerank else 'off'}, {c} clients: "
@@ -273,6 +301,32 @@ def summarize(rows: list[dict], variants: list[str]) -> None:
                       f"p99 {statistics.median(r['p99_ms'] for r in sel):.1f} ms "
                       f"({p99s}), "
                       f"server CPU {statistics.median(cpu) if cpu else float('nan'):.2f} ms/req")
+
+
+def recall_report(args, index: Path, db_count: int, workdir: Path) -> dict:
+    """First-stage recall@100 of the database gallery at each ``--recall-ef`` (the load test's queries, encoded by
+    its model), and over a trained model's vectors with ``--recall-ckpt``; printed and returned."""
+    from benchmarks import load_db
+
+    out = {}
+    if args.recall_ef:
+        import mmgeo
+
+        model = mmgeo.load_model(workdir / "geo-tiny.pt")
+        q = model.encode_text(queries()).pooled.float().numpy()
+        pooled = np.load(workdir / f"pooled-{args.count}-{db_count}.npy", mmap_mode="r")
+        out["gallery"] = load_db.first_stage_recall(args.db, pooled, q, 100, args.recall_ef)
+        print("first-stage recall@100 against exact (load-test rows): " + ", ".join(
+            f"ef_search {ef}: {r:.3f}" for ef, r in out["gallery"].items()), flush=True)
+    if args.recall_ckpt:
+        x, q = load_db.model_vectors(args.recall_ckpt, args.recall_images, 200,
+                                     workdir / f"model-vectors-{args.recall_images}.npz")
+        out["model"] = load_db.model_recall(args.db, x, q, 100, args.hnsw_m, args.hnsw_ef_construction,
+                                            args.recall_ef or [40, 100, 200])
+        print(f"first-stage recall@100 over a trained model's vectors ({len(x):,} images, HNSW built in "
+              f"{out['model']['build_s']:.0f} s): " + ", ".join(
+                  f"ef_search {ef}: {r:.3f}" for ef, r in out["model"]["recall"].items()), flush=True)
+    return out
 
 
 def main(argv=None) -> int:
@@ -296,13 +350,42 @@ def main(argv=None) -> int:
                         "environment); give it again to compare server variants side by side (each round runs "
                         "every variant in turn)")
     p.add_argument("--rounds", type=int, default=1, help="rounds over the variants (alternated); >1 adds a summary")
+    p.add_argument("--db", default=None, metavar="SPEC", help="also serve the gallery from PostgreSQL: local:DIR (an "
+                   "embedded server, data kept in DIR and reused) or a postgresql:// URL (its gallery is replaced)")
+    p.add_argument("--db-count", type=int, default=None, help="rows of the database gallery (default --count)")
+    p.add_argument("--hnsw-m", type=int, default=16, help="pgvector HNSW m of the database gallery")
+    p.add_argument("--hnsw-ef-construction", type=int, default=64, help="pgvector HNSW ef_construction")
+    p.add_argument("--db-ef-search", type=int, default=None, help="`serve run --ef-search` of the database's "
+                   "server (default: the server's, 2 x K')")
+    p.add_argument("--recall-ef", type=int, nargs="*", default=[], metavar="EF",
+                   help="first-stage recall@100 of the database gallery against exact, at these hnsw.ef_search")
+    p.add_argument("--recall-ckpt", default=None, metavar="CKPT", help="also recall over a trained model's global "
+                   "vectors of --recall-images synthetic train images (own table, same m / ef_construction)")
+    p.add_argument("--recall-images", type=int, default=29_000)
+    p.add_argument("--db-only", action="store_true", help="with --db: serve only the database gallery")
     add_json(p, "the rows")
     args = p.parse_args(argv)
     if args.rounds < 1:
         p.error(f"--rounds must be at least 1, got {args.rounds}")
-    variants = args.server_args or [""]
+    if args.db and args.codec == "fp16":
+        p.error("--db needs a coded re-rank store: add --codec rq8 (the database's default)")
+    if args.db_only and not args.db:
+        p.error("--db-only goes with --db")
+    workdir = Path(args.workdir)
+    index = prepare(workdir, args.count, args.index_type, args.codec, args.keep_patches)
+    galleries = [] if args.db_only else [("folder", index)]
+    db_rec = None
+    if args.db:
+        from benchmarks import load_db
 
-    index = prepare(Path(args.workdir), args.count, args.index_type, args.codec, args.keep_patches)
+        db_count = args.db_count or args.count
+        db_rec = load_db.prepare_db(args.db, index, db_count, args.hnsw_m, args.hnsw_ef_construction, workdir)
+        galleries.append(("db", ["--db", args.db, *(["--ef-search", str(args.db_ef_search)]
+                                                   if args.db_ef_search else [])]))
+        db_rec["recall"] = recall_report(args, index, db_count, workdir)
+    variants = [f"{g}{f' {v}' if v else ''}" if args.db else v for g, _ in galleries for v in args.server_args or [""]]
+    plan = {label: (gallery, v) for label, (gallery, v) in
+            zip(variants, [(gl, v) for _, gl in galleries for v in args.server_args or [""]])}
     texts = queries()
     settings = [(rr, c) for rr in {"off": [False], "on": [True], "both": [False, True]}[args.rerank]
                 for c in args.clients]
@@ -310,35 +393,39 @@ def main(argv=None) -> int:
 
     rows = []
 
-    def serve_and_measure(variant: str, rnd: int) -> None:
+    def serve_and_measure(label: str, rnd: int) -> None:
         """Start the server variant, run every setting against it (rows in the order they ran), stop it."""
-        server, url = start_server(index, variant)
+        gallery, variant = plan[label]
+        server, url = start_server(gallery, variant)
         try:
             health = httpx.get(url + "/health").json()
             print(f"{f'round {rnd + 1}/{args.rounds}: ' if args.rounds > 1 else ''}server up"
                   f"{f' ({variant})' if variant else ''}: {health['images']:,} images, index "
                   f"{health['index_type']}, {args.codec} re-rank store"
-                  f"{f' of {args.keep_patches} patches per image' if args.keep_patches else ''}; "
+                  f"{f' of {args.keep_patches} patches per image' if args.keep_patches else ''}"
+                  f"{' (database CPU counted apart)' if isinstance(gallery, list) else ''}; "
                   f"{os.cpu_count()} CPU core(s) shared by server and clients ({args.client} client)", flush=True)
             print(f"{'rerank':>7} {'clients':>7} {'requests':>8} {'QPS':>8} {'p50 ms':>8} {'p99 ms':>8} "
                   f"{'p99.9 ms':>8} {'max ms':>8} {'errors':>6} {'server mean ms':>14} {'server CPU ms/req':>17} "
-                  f"{'client CPU ms/req':>17}")
+                  f"{'client CPU ms/req':>17}" + (f" {'db CPU ms/req':>13}" if args.db else ""))
             for rerank, c in settings:
-                r = measure(server, url, texts, c, rerank, args)
-                r.update(server_args=variant, round=rnd)
+                r = measure(server, url, texts, c, rerank, args,
+                            postmaster_pid(args.db) if isinstance(gallery, list) else None)
+                r.update(server_args=variant, round=rnd, variant=label,
+                         gallery="db" if isinstance(gallery, list) else "folder", images=health["images"])
                 rows.append(r)
                 print(f"{'top100' if rerank else 'off':>7} {c:>7} {r['requests']:>8} {r['qps']:>8.1f} "
                       f"{r['p50_ms']:>8.1f} {r['p99_ms']:>8.1f} {r['p999_ms']:>8.1f} {r['max_ms']:>8.1f} "
                       f"{r['errors']:>6} {fmt(r['server_mean_ms'], 1):>14} "
-                      f"{fmt(r['server_cpu_ms_per_request']):>17} {fmt(r['client_cpu_ms_per_request']):>17}",
-                      flush=True)
+                      f"{fmt(r['server_cpu_ms_per_request']):>17} {fmt(r['client_cpu_ms_per_request']):>17}"
+                      + (f" {fmt(r['db_cpu_ms_per_request']):>13}" if args.db else ""), flush=True)
         finally:
             stop_server(server)
 
     alternate(variants, args.rounds, serve_and_measure)  # each round starts every variant in turn
     if args.rounds > 1 or len(variants) > 1:
         summarize(rows, variants)
-    write_json(args.json, rows)
+    write_json(args.json, {"rows": rows, "db": db_rec} if args.db else rows)
     return 0 if all(r["errors"] == 0 for r in rows) else 1
 
 

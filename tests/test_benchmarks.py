@@ -62,6 +62,27 @@ def test_load_search_alternates_server_variants_over_rounds_and_summarizes(tmp_p
     assert "[defaults] top100, 1 clients" in res.stdout
 
 
+@pytest.mark.slow
+def test_load_search_serves_the_folder_and_the_database_side_by_side(tmp_path):
+    """--db local:DIR: the folder's rows loaded into an embedded PostgreSQL, both served in one run (rows tagged
+    folder / db), the load's figures (insert rates, HNSW build, bytes per image) and first-stage recall reported."""
+    pytest.importorskip("pgserver", reason="--db local:DIR starts PostgreSQL from the pgserver wheel (.[db])")
+    out = tmp_path / "rows.json"
+    args = [sys.executable, "-m", "benchmarks.load_search", "--count", "300", "--codec", "sq8", "--clients", "1",
+            "--rerank", "on", "--seconds", "2", "--max-requests", "6", "--workdir", str(tmp_path / "work"),
+            "--db", f"local:{tmp_path / 'pg'}", "--recall-ef", "40", "--json", str(out)]
+    res = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    got = json.loads(out.read_text())
+    assert [(r["gallery"], r["images"]) for r in got["rows"]] == [("folder", 300), ("db", 300)]
+    assert all(r["errors"] == 0 and r["requests"] == 6 for r in got["rows"])
+    assert got["rows"][1]["db_cpu_ms_per_request"] > 0 and got["rows"][0]["db_cpu_ms_per_request"] is None
+    db = got["db"]
+    assert db["count"] == 300 and db["hnsw_build_s"] >= 0 and db["live_insert_images_per_s"] > 0
+    assert db["table_bytes_per_image"] > 0 and db["recall"]["gallery"]["40"] == 1.0  # 300 rows: HNSW finds all
+    assert "[db] top100, 1 clients" in res.stdout and "first-stage recall@100" in res.stdout
+
+
 def test_load_search_reads_leading_assignments_as_the_servers_environment():
     from benchmarks.load_search import split_server_args
 
