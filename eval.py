@@ -6,6 +6,7 @@
     python eval.py --index INDEX_DIR --data synthetic --split test       # a gallery from `python -m serve build`
     python eval.py --model openclip:ViT-B-32/laion2b_s34b_b79k --data flickr30k --data-root data/flickr30k
     python eval.py --ckpt runs/flickr30k_geo/model.pt --data flickr30k --data-root data/flickr30k [--data-format hf]
+    python eval.py --ckpt runs/shards/model.pt --data webdataset --shards 'data/val/{00000..00001}.tar' [--limit N]
     python eval.py --ckpt runs/synthetic/model.pt --suite compositional [--limit 200]      # or --suite all
     python eval.py --ckpt M --suite compositional --data sugarcrepe --data-root JSON_DIR --image-root IMG_DIR
     python eval.py --ckpt runs/synthetic/model.pt --suite partial [--index INDEX_DIR] [--partial-queries 300]
@@ -139,6 +140,11 @@ def load_model_and_index(args, device: str):
     return model, str(ckpt), gallery
 
 
+def source_flags(args) -> str:
+    """The ``serve build`` flags that index the split being evaluated."""
+    return f"--shards '{args.shards}'" if args.data == "webdataset" else f"--data {args.data} --split {args.split}"
+
+
 def evaluate(args) -> dict:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     suite = args.suite
@@ -160,11 +166,11 @@ def evaluate(args) -> dict:
     limit = args.limit if args.limit is not None or gallery is None else len(gallery)
     dataset = build_dataset(args.data, args.split, seed=args.seed, image_size=image_size, size=limit,
                             root=args.data_root, data_format=args.data_format,
-                            max_pixels=args.max_pixels)
+                            max_pixels=args.max_pixels, shards=args.shards)
     if gallery is not None and len(dataset) != len(gallery):
         raise SystemExit(f"index {gallery.root} holds {len(gallery)} images, {args.data} {args.split} (--limit "
                          f"{limit}) has {len(dataset)}: evaluate the split the index was built from, e.g. "
-                         f"`python -m serve build --data {args.data} --split {args.split} --limit N` then --limit N")
+                         f"`python -m serve build {source_flags(args)} --limit N` then --limit N")
     start = time.time()
     split = encode_split(model, dataset, batch_size=args.batch_size)
     encode_s = time.time() - start
@@ -246,7 +252,8 @@ def evaluate_partial_only(args, model, name, gallery, device) -> dict:
     """--suite partial: encode the split's images only, then ``evaluate_partial``."""
     limit = args.limit if args.limit is not None or gallery is None else len(gallery)
     world = build_dataset(args.data, args.split, seed=args.seed, image_size=args.image_size or model.cfg.image_size,
-                          size=limit, root=args.data_root, data_format=args.data_format, max_pixels=args.max_pixels)
+                          size=limit, root=args.data_root, data_format=args.data_format, max_pixels=args.max_pixels,
+                          shards=args.shards)
     images = encode_images(model, world, args.batch_size)
     mode = args.mode or ("two-stage" if gallery is not None else "exact")
     return {"dataset": args.data, "split": args.split, "model": name, "score": model.default_mode, "mode": mode,
@@ -271,7 +278,11 @@ def main(argv: list[str] | None = None) -> dict:
     which.add_argument("--ckpt", help="model.pt from train.py (or a Lightning .ckpt of ours)")
     which.add_argument("--model", help="openclip:ARCH[/TAG], e.g. openclip:ViT-B-32/laion2b_s34b_b79k (zero-shot)")
     p.add_argument("--data", default="synthetic",
-                   help="dataset: synthetic (embedded shapes world), flickr30k, or sugarcrepe (--suite compositional)")
+                   help="dataset: synthetic (embedded shapes world), flickr30k, webdataset (--shards), or sugarcrepe "
+                        "(--suite compositional)")
+    p.add_argument("--shards", default=None, metavar="PATTERN",
+                   help="webdataset: tar shards, brace-expanded (DIR/{00000..00009}.tar; pipe:CMD), read in order "
+                        "(the shards are the split; --split is not used)")
     p.add_argument("--data-root", default=None, help="flickr30k: folder, CSV/TSV or HF id (data/README.md); "
                    "sugarcrepe: the folder of its JSON files")
     p.add_argument("--image-root", default=None, help="sugarcrepe: the folder of COCO val2017 images")
@@ -338,6 +349,8 @@ def main(argv: list[str] | None = None) -> dict:
             read_captions(args.prune_queries)  # refused before any model is loaded
         except (FileNotFoundError, ValueError) as err:
             p.error(str(err))
+    if (args.data == "webdataset") != bool(args.shards):
+        p.error("--data webdataset and --shards PATTERN go together (the shards are the split)")
     if args.partial_queries <= 0:
         p.error(f"--partial-queries must be positive, got {args.partial_queries}")
     if args.index and args.suite == "compositional":

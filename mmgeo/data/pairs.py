@@ -17,7 +17,18 @@ from mmgeo.data.caption_parts import partial_caption
 
 def open_split(data, split: str, size: int | None, image_size: int):
     """The dataset of ``split`` described by the data config ``data`` (``name``, ``seed``, ``root``, ``format``,
-    ``max_pixels``); synthetic images are drawn ``image_size`` px wide (the model's input size)."""
+    ``max_pixels``); synthetic images are drawn ``image_size`` px wide (the model's input size). For
+    ``webdataset`` the train split is a ShardSource (streamed by ``mmgeo.data.shard_stream``), val the first
+    ``size`` samples of ``data.val_shards`` in order."""
+    if data.name == "webdataset":
+        from mmgeo.data.shard_stream import ShardSource
+
+        if split == "train":
+            return ShardSource(data.shards, data.samples_per_epoch, data.shuffle_buffer, data.max_pixels)
+        if not data.val_shards:
+            raise ValueError("data.name: webdataset validates on data.val_shards (a shard pattern, read in order); "
+                             "set it, or data.val_size: 0 and aids.diagnostics_every_n_steps: 0 for no validation")
+        return build_dataset("webdataset", split, size=size, shards=data.val_shards, max_pixels=data.max_pixels)
     return build_dataset(data.name, split, seed=data.seed, image_size=image_size, size=size, root=data.root,
                          data_format=data.format, max_pixels=data.max_pixels)
 
@@ -49,8 +60,13 @@ class CaptionPairs(Dataset):
 
     def __getitem__(self, key: tuple[int, int, int]) -> dict:
         i, epoch, step = key
-        rng = np.random.default_rng([self.seed, epoch, i])
         samples = [self.dataset[i]] + ([self.dataset.variant(i)] if self.hard_negatives else [])
+        return self.item(samples, i, epoch, step)
+
+    def item(self, samples: list, i: int, epoch: int, step: int) -> dict:
+        """The item of ``samples`` ((image, captions), and its variant with hard negatives) of sample ``i``: the
+        one path of map-style data and of shard streams (``mmgeo.data.shard_stream``)."""
+        rng = np.random.default_rng([self.seed, epoch, i])
         pairs = []
         for image, captions in samples:
             caption = captions[rng.integers(len(captions))]

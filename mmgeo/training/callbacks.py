@@ -31,6 +31,23 @@ class SkippedReport(L.Callback):
                                            step=trainer.global_step)
 
 
+class ShardProgress(L.Callback):
+    """Training from shards: after each step, every rank's reader cursors and skip counts (``batch["reader"]``) are
+    gathered and recorded in the ShardSource, so that a checkpoint resumes each reader at its next unopened shard
+    and the skipped-sample report counts every rank (``mmgeo.data.shard_stream``)."""
+
+    def __init__(self, source):
+        self.source = source
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        from mmgeo.training.distributed import all_gather_no_grad, rank_and_world
+
+        rows = batch["reader"].reshape(1, -1)
+        if rank_and_world()[1] > 1:
+            rows = all_gather_no_grad(rows)
+        self.source.record(rows.tolist())
+
+
 class AttentionDiagnostics(L.Callback):
     """Attention entropy, Q/K spectra, head redundancy and logit range (``mmgeo.eval.diagnostics``) on a fixed val
     batch every N steps, logged as diag/* scalars; each kind of threshold warning is raised once per run,

@@ -22,10 +22,17 @@ class DataConfig:
     MOVED: ClassVar[dict[str, str]] = {  # removed keys -> where they live now
         "image_size": "model_args.image_size (synthetic images are drawn at the model's input size)"}
 
-    name: str = "synthetic"  # dataset: "synthetic" = the embedded shapes world, "flickr30k" = Karpathy split at root
+    name: str = "synthetic"  # dataset: "synthetic" = the embedded shapes world, "flickr30k" = Karpathy split at root,
+    # "webdataset" = tar shards (data.shards; docs/training.md, "Training from WebDataset shards")
     root: str | None = None  # flickr30k: folder / file / HF dataset id (data/README.md); unused for synthetic
     format: str | None = None  # flickr30k layout: hf | karpathy | csv (None = detect from root)
     max_pixels: int = MAX_PIXELS  # flickr30k: images with more pixels are skipped (decompression-bomb guard)
+    shards: str | None = None  # webdataset: train shard pattern, brace-expanded ("DIR/{00000..00123}.tar"; "a::b"
+    # joins patterns; "pipe:CMD" reads CMD's stdout)
+    val_shards: str | None = None  # webdataset: shard pattern of the val set (its first val_size samples, in order)
+    samples_per_epoch: int | None = None  # webdataset: samples per epoch (required; steps per epoch = this // batch
+    # size); keep it a few shards below the good samples the shards hold: each rank needs samples_per_epoch / world
+    shuffle_buffer: int = 1000  # webdataset: samples each reader shuffles in (shard order is shuffled per epoch too)
     seed: int = 0  # dataset seed (scenes and captions)
     train_size: int | None = None  # images of the train split to use (None = all)
     val_size: int = 200  # val images scored for R@K during training (0 = no validation)

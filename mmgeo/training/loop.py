@@ -25,8 +25,9 @@ from torch.utils.data import DataLoader
 from mmgeo.config import CliParser, to_dict
 from mmgeo.data.pairs import CaptionPairs, Collate, open_split
 from mmgeo.data.sampler import ResumableBatchSampler, SampleLog
+from mmgeo.data.shard_stream import ShardLoader, ShardPairs, ShardSource
 from mmgeo.models.checkpoint import save_model
-from mmgeo.training.callbacks import AttentionDiagnostics, SkippedReport, ValidationRecall
+from mmgeo.training.callbacks import AttentionDiagnostics, ShardProgress, SkippedReport, ValidationRecall
 from mmgeo.training.config import TrainConfig, load_train_config
 from mmgeo.training.io import AtomicCheckpointIO, RunCSVLogger, checkpoint_step, latest_checkpoint
 from mmgeo.training.module import NonFiniteTraining, RetrievalModule
@@ -52,7 +53,8 @@ class ResumableLoader(DataLoader):
 
 
 def build_loader(cfg: TrainConfig, module: RetrievalModule, train) -> ResumableLoader:
-    """The training loader: ResumableBatchSampler (same order on any number of ranks, resumable)."""
+    """The training loader: ResumableBatchSampler (same order on any number of ranks, resumable), or for shards a
+    ShardLoader (``mmgeo.data.shard_stream``)."""
     t, per_item = cfg.trainer, 2 if cfg.data.hard_negatives else 1
     world = t.devices * t.num_nodes
     if t.batch_size % (per_item * world):
@@ -61,6 +63,9 @@ def build_loader(cfg: TrainConfig, module: RetrievalModule, train) -> ResumableL
     vocabulary = module.model.cfg.text_vocab  # a word-level tokenizer: negatives must not bring unknown words
     pairs = CaptionPairs(train, module.model.preprocess, t.seed, cfg.data.hard_negatives, cfg.data.caption_negatives,
                          cfg.data.negative_kinds, vocabulary, cfg.data.partial_captions)
+    if isinstance(train, ShardSource):
+        stream = ShardPairs(train, pairs, Collate(module.model.tokenize), t.batch_size // world, t.seed)
+        return ShardLoader(stream, t.batch_size, cfg.data.num_workers)
     sampler = ResumableBatchSampler(len(pairs), t.batch_size // per_item, seed=t.seed)
     return ResumableLoader(pairs, batch_sampler=sampler, num_workers=cfg.data.num_workers,
                            collate_fn=Collate(module.model.tokenize))
@@ -81,6 +86,8 @@ def build_callbacks(cfg: TrainConfig, module: RetrievalModule, train, run_dir: P
         val = splits["val"] = open_split(d, "val", d.val_size, image_size)
         callbacks.append(ValidationRecall(val, t.val_every_n_steps))
     callbacks.append(SkippedReport(splits))
+    if isinstance(train, ShardSource):
+        callbacks.append(ShardProgress(train))
     if cfg.aids.diagnostics_every_n_steps and module.model.geometric:
         diag_set = open_split(d, "val", cfg.aids.diagnostics_images, image_size)
         callbacks.append(AttentionDiagnostics(diag_set, cfg.aids.diagnostics_every_n_steps,
