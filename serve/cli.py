@@ -24,6 +24,8 @@ def parse(argv=None) -> argparse.Namespace:
     src = b.add_mutually_exclusive_group(required=True)
     src.add_argument("--images", help="folder of image files (searched recursively)")
     src.add_argument("--data", choices=["synthetic"], help="embedded dataset (images are copied into the index)")
+    src.add_argument("--shards", metavar="PATTERN", help="WebDataset tar shards, brace-expanded (DIR/{00000..00009}"
+                     ".tar; pipe:CMD), read in order as eval.py --data webdataset reads them (images copied in)")
     b.add_argument("--split", default="test", help="split of --data")
     b.add_argument("--limit", type=int, default=None, help="index at most this many images")
     b.add_argument("--seed", type=int, default=0, help="seed of --data synthetic")
@@ -124,7 +126,8 @@ def build_db(args) -> int:
 
 
 def image_items(args, model):
-    """(items, total) of ``--images`` or ``--data`` (limited by ``--limit``): ``(path, loader)`` pairs."""
+    """(items, total) of ``--images``, ``--data`` or ``--shards`` (limited by ``--limit``): ``(path, loader)``
+    pairs."""
     from mmgeo.search.build import folder_items
 
     if args.images:
@@ -132,7 +135,10 @@ def image_items(args, model):
     else:
         from mmgeo.data import build_dataset
 
-        ds = build_dataset(args.data, args.split, seed=args.seed, image_size=model.cfg.image_size)
+        if args.shards:  # bad samples are skipped (and counted, one log line) as eval.py skips them
+            ds = build_dataset("webdataset", args.split, shards=args.shards, size=args.limit)
+        else:
+            ds = build_dataset(args.data, args.split, seed=args.seed, image_size=model.cfg.image_size)
         total = len(ds)
         items = [(None, (lambda i=i: ds[i][0])) for i in range(total)]
     if args.limit is not None:
