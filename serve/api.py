@@ -67,12 +67,17 @@ class ImageSearchResponse(BaseModel):
 
 
 class HealthResponse(BaseModel):
+    """Always status and auth; the gallery's fields only with a valid key (or on a service without keys)."""
+
     status: str
-    images: int = Field(ge=0)
-    index_type: str
-    skipped_at_build: int = Field(ge=0)
-    codec: str = Field(description="how the re-rank store keeps keys/values (fp16, or FAISS codes: docs/serve.md)")
-    store_bytes_per_image: int = Field(ge=0, description="re-rank store bytes per image (codes + mask)")
+    auth: str = Field(description="'keys' (API keys required), 'none' (no keys: a loopback address), or "
+                                  "'DISABLED (--no-auth)' (no keys on a network address: a warning)")
+    images: int | None = Field(None, ge=0)
+    index_type: str | None = None
+    skipped_at_build: int | None = Field(None, ge=0)
+    codec: str | None = Field(None, description="how the re-rank store keeps keys/values (fp16, or FAISS codes: "
+                                                "docs/serve.md)")
+    store_bytes_per_image: int | None = Field(None, ge=0, description="re-rank store bytes per image (codes + mask)")
 
 
 def error_responses(*statuses: int, body_limit: int = JSON_BODY_LIMIT, **described: str) -> dict:

@@ -18,6 +18,7 @@ from fastapi import FastAPI
 
 from mmgeo.search.store import Gallery
 from mmgeo.search.two_stage import search_texts
+from serve.access import Access, AccessMiddleware, CurrentBatcher, CurrentGallery, secure_document
 from serve.api import (  # noqa: F401 (the service's names, importable from here)
     JSON_BODY_LIMIT,
     ApiError,
@@ -27,6 +28,7 @@ from serve.api import (  # noqa: F401 (the service's names, importable from here
     render,
     result_rows,
 )
+from serve.auth import KeyStore, check_collection
 from serve.batching import MicroBatcher
 from serve.errors import add_error_handlers
 from serve.guard import BodySizeGuard
@@ -58,27 +60,38 @@ def open_gallery(index_dir=None, db=None, ef_search: int | None = None):
                      application_name="mmgeo-serve")
 
 
+DEFAULT_COLLECTION = "default"  # the one collection of a service over one gallery
 DB_POOL_SIZE = 4  # connections per server process (batch workers + image and health routes)
 DB_TIMEOUT_S = 5.0  # to connect, or to wait for a free connection
 DB_STATEMENT_TIMEOUT_S = 10.0  # any one statement of the service
 
 
 def create_app(index_dir=None, model=None, ckpt=None, limits: Limits | None = None, db=None,
-               ef_search: int | None = None) -> FastAPI:
-    """App over the index at ``index_dir`` or the gallery in database ``db``; the model is ``model`` or loaded from
-    ``ckpt`` / the manifest's path."""
+               ef_search: int | None = None, collections: dict | None = None,
+               keys: KeyStore | None = None, auth: str = "none") -> FastAPI:
+    """App over the index at ``index_dir`` or the gallery in database ``db``, or over ``collections`` (name -> index
+    directory, one gallery each: docs/serve.md, "Keys and collections"); the model is ``model`` or loaded from
+    ``ckpt`` / the manifest's path. ``keys``: the API keys every request but the public ones must show
+    (``serve.access``); None: open, ``auth`` says why (for /health)."""
     import mmgeo
 
     limits = limits or Limits()
-    gallery = open_gallery(index_dir, db, ef_search)
+    if collections is None:
+        galleries = {DEFAULT_COLLECTION: open_gallery(index_dir, db, ef_search)}
+    else:
+        galleries = {check_collection(name): open_gallery(path) for name, path in collections.items()}
+    first = next(iter(galleries.values()))
     if model is None:
-        ckpt = ckpt or gallery.model_record.get("path")
+        ckpt = ckpt or first.model_record.get("path")
         if not ckpt:
-            raise ValueError(f"index {gallery.root} records no checkpoint path; pass --ckpt")
+            raise ValueError(f"index {first.root} records no checkpoint path; pass --ckpt")
         model = mmgeo.load_model(ckpt)
-    gallery.check_model(model, ckpt)
-    batcher = MicroBatcher(partial(search_batch, model, gallery, limits.k_prime), limits.batch_size,
-                           limits.batch_wait_ms, limits.batch_workers)
+    for g in galleries.values():
+        g.check_model(model, ckpt)
+    batchers = {name: MicroBatcher(partial(search_batch, model, g, limits.k_prime), limits.batch_size,
+                                   limits.batch_wait_ms, limits.batch_workers) for name, g in galleries.items()}
+    access = Access(galleries, keys, "keys" if keys is not None else auth)
+    gallery, batcher = CurrentGallery(access), CurrentBatcher(access, batchers)
     metrics = Metrics()
 
     @asynccontextmanager
@@ -86,16 +99,21 @@ def create_app(index_dir=None, model=None, ckpt=None, limits: Limits | None = No
         await batcher.start()
         yield
         await batcher.stop()
-        if hasattr(gallery, "close"):  # a database gallery's connection pool
-            gallery.close()
+        for g in galleries.values():
+            if hasattr(g, "close"):  # a database gallery's connection pool
+                g.close()
 
     app = FastAPI(title="mmgeo image search", lifespan=lifespan, description=description(limits))
-    app.state.gallery, app.state.model, app.state.batcher, app.state.limits = gallery, model, batcher, limits
-    writes = limits.allow_writes and hasattr(gallery, "first_stage")  # a database gallery
+    one = len(galleries) == 1
+    app.state.gallery = first if one else gallery
+    app.state.batcher = next(iter(batchers.values())) if one else batcher
+    app.state.model, app.state.limits, app.state.access = model, limits, access
+    writes = limits.allow_writes and hasattr(first, "first_stage")  # a database gallery
     if limits.allow_writes and not writes:
         raise ValueError("--allow-writes needs a gallery in a database (--db): an index directory is read-only")
     uploads = {p: limits.max_upload_bytes + (64 << 10) for p in ("/search/image", *(["/images"] if writes else []))}
     app.add_middleware(BodySizeGuard, limits=uploads, default=JSON_BODY_LIMIT)  # multipart headroom; JSON is small
+    app.add_middleware(AccessMiddleware, access=access)  # before the guard: no body is read for a refused caller
     app.add_middleware(MetricsMiddleware, metrics=metrics)  # outermost: counts the guard's 413s too
     add_error_handlers(app, limits)
     add_search_routes(app, gallery, model, batcher, limits)
@@ -115,4 +133,6 @@ def openapi(app: FastAPI, default_openapi) -> dict:
         schemas = doc.get("components", {}).get("schemas", {})
         if "#/components/schemas/HTTPValidationError" not in json.dumps(doc["paths"]):
             schemas.pop("HTTPValidationError", None), schemas.pop("ValidationError", None)
+        if app.state.access.keys is not None:
+            secure_document(doc)
     return app.openapi_schema

@@ -11,6 +11,7 @@ from mmgeo.config import CliParser, call_cli
 from mmgeo.search.codecs import CODECS, TRAIN_IMAGES
 from mmgeo.search.database import DEFAULT_CODEC
 from mmgeo.search.faiss_index import INDEX_TYPES
+from serve.keys_cli import add_keys_parser, add_run_options, app_keys, auth_settings, keys_command
 
 DB_HELP = ("a PostgreSQL database with pgvector: a postgresql:// URL, or local:DIR to start an embedded one whose "
            "data folder is DIR (the pgserver wheel: pip install -e '.[db]')")
@@ -75,8 +76,9 @@ def parse(argv=None) -> argparse.Namespace:
                    "change the gallery (no authentication: only where every client may)")
     r.add_argument("--ef-search", type=int, default=None, help="with --db: HNSW's candidate list (default 2 x "
                    "--k-prime, within 40..1000)")
+    add_run_options(r, gallery)
     r.add_argument("--ckpt", default=None, help="checkpoint (default: the one recorded in the index)")
-    r.add_argument("--host", default="127.0.0.1")
+    r.add_argument("--host", default="127.0.0.1", help="address to listen on; a network one needs keys or --no-auth")
     r.add_argument("--port", type=int, default=8000)
     r.add_argument("--k-prime", type=int, default=100, help="first-stage candidates re-ranked geometrically")
     r.add_argument("--torch-threads", type=int, default=1, help="torch / FAISS threads (1 = steady latency)")
@@ -88,6 +90,7 @@ def parse(argv=None) -> argparse.Namespace:
                    "(default: Limits.batch_size)")
     r.add_argument("--workers", type=int, default=1, help="server processes behind the port (uvicorn workers; each "
                    "loads the model and index, the keys/values files are memory-mapped and shared)")
+    add_keys_parser(sub)
     return p.parse_args(argv)
 
 
@@ -247,7 +250,9 @@ def _app(settings: dict):
     given = {k: settings[k] for k in ("batch_wait_ms", "batch_workers", "batch_size") if settings[k] is not None}
     given["allow_writes"] = bool(settings.get("allow_writes"))
     app = create_app(settings["index"], ckpt=settings["ckpt"], limits=Limits(k_prime=settings["k_prime"], **given),
-                     db=settings.get("db"), ef_search=settings.get("ef_search"))
+                     db=settings.get("db"), ef_search=settings.get("ef_search"),
+                     collections=settings.get("collections"), keys=app_keys(settings),
+                     auth=settings.get("auth", "none"))
     # what torch, transformers, FastAPI and the model allocated is left out of every later collection, whose full
     # passes over it stalled all requests in flight (docs/serve.md, "Tail latency")
     gc.collect()
@@ -257,8 +262,9 @@ def _app(settings: dict):
 
 def run_settings(args) -> dict:
     """What ``_app`` needs of ``run``'s arguments (JSON-able: passed to worker processes in ``SETTINGS_ENV``)."""
-    return {k: getattr(args, k) for k in ("index", "db", "ef_search", "allow_writes", "ckpt", "k_prime",
-                                          "batch_wait_ms", "batch_workers", "batch_size", "torch_threads")}
+    return {**{k: getattr(args, k) for k in ("index", "db", "ef_search", "allow_writes", "ckpt", "k_prime",
+                                             "batch_wait_ms", "batch_workers", "batch_size", "torch_threads")},
+            **auth_settings(args)}
 
 
 def app_from_env():
@@ -294,7 +300,7 @@ def run(args) -> int:
 
 def command(argv: list[str]) -> int:
     args = parse(argv)
-    return {"build": build, "add": add, "remove": remove, "run": run}[args.command](args)
+    return {"build": build, "add": add, "remove": remove, "run": run, "keys": keys_command}[args.command](args)
 
 
 def main(argv=None) -> int:

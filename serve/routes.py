@@ -167,11 +167,14 @@ def add_image_routes(app: FastAPI, gallery: Gallery, model, limits: Limits) -> N
 def add_info_routes(app: FastAPI, gallery: Gallery, batcher: MicroBatcher, metrics: Metrics) -> None:
     """GET /health, GET /metrics (Prometheus) and GET / (the web page)."""
 
-    @app.get("/health", summary="Status and index size",
+    @app.get("/health", summary="Status; with a key, its collection's gallery size and kind",
              responses={200: {"model": HealthResponse}, **error_responses()})
     async def health():
+        access = app.state.access
+        if not access.reveals():  # no key: nothing about the galleries
+            return {"status": "ok", "auth": access.auth}
         count = await asyncio.to_thread(lambda: gallery.count)  # a database gallery's is a query
-        return {"status": "ok", "images": count, "index_type": gallery.manifest["index_type"],
+        return {"status": "ok", "auth": access.auth, "images": count, "index_type": gallery.manifest["index_type"],
                 "skipped_at_build": gallery.manifest["skipped"]["count"], "codec": gallery.codec,
                 "store_bytes_per_image": gallery.store.get("bytes_per_image", 0)}
 
@@ -238,6 +241,7 @@ def add_write_routes(app: FastAPI, gallery, model, limits: Limits) -> None:
                 raise ApiError(400, f"upload {str(f.filename)[:80]!r} is empty")
             im = await asyncio.to_thread(decode_upload, data, limits.max_image_pixels)
             got.append((Path(f.filename or "upload").name[:200] or "upload", data, im))
+        await asyncio.to_thread(app.state.access.charge, total, len(got))  # the key's upload quotas (403)
         out = await asyncio.to_thread(add_uploads, model, gallery, got)
         rows = [{"name": n, "id": i, "added": True} for n, i in out["added"]]
         rows += [{"name": n, "id": i, "added": False} for n, i in out["existing"]]

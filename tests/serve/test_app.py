@@ -76,8 +76,9 @@ def test_explain_returns_a_png_heatmap(client):
 
 
 def test_health_metrics_docs_and_page(client):
-    assert client.get("/health").json() == {"status": "ok", "images": 24, "index_type": "flat", "skipped_at_build": 0,
-                                            "codec": "fp16", "store_bytes_per_image": 2 * 16 * 16 * 2 + 16}
+    assert client.get("/health").json() == {"status": "ok", "auth": "none", "images": 24, "index_type": "flat",
+                                            "skipped_at_build": 0, "codec": "fp16",
+                                            "store_bytes_per_image": 2 * 16 * 16 * 2 + 16}
     client.get("/images/1")
     text = client.get("/metrics").text
     assert 'mmgeo_requests_total{method="GET",endpoint="/health",status="200"}' in text
