@@ -48,15 +48,16 @@ def search_batch(model, gallery: Gallery, k_prime: int,
             for (t, _, r), (ids, scores) in zip(queries, found)]
 
 
-def open_gallery(index_dir=None, db=None, ef_search: int | None = None):
+def open_gallery(index_dir=None, db=None, ef_search: int | None = None, db_read=None):
     """The gallery to serve: an index directory, or a database's (``db``: a URL or ``local:DIR``; a connection pool
-    with timeouts, so that a database down or slow is a 503, never a hang)."""
+    with timeouts, so that a database down or slow is a 503, never a hang; ``db_read``: another URL to read
+    through, e.g. a standby's)."""
     if db is None:
         return Gallery(index_dir)
     from mmgeo.search.database import DbGallery
 
-    return DbGallery(db, ef_search=ef_search, pool_size=DB_POOL_SIZE, connect_timeout=DB_TIMEOUT_S,
-                     pool_timeout=DB_TIMEOUT_S, statement_timeout=DB_STATEMENT_TIMEOUT_S,
+    return DbGallery(db, ef_search=ef_search, **({"read": db_read} if db_read else {}), pool_size=DB_POOL_SIZE,
+                     connect_timeout=DB_TIMEOUT_S, pool_timeout=DB_TIMEOUT_S, statement_timeout=DB_STATEMENT_TIMEOUT_S,
                      application_name="mmgeo-serve")
 
 
@@ -67,17 +68,17 @@ DB_STATEMENT_TIMEOUT_S = 10.0  # any one statement of the service
 
 
 def create_app(index_dir=None, model=None, ckpt=None, limits: Limits | None = None, db=None,
-               ef_search: int | None = None, collections: dict | None = None,
+               ef_search: int | None = None, db_read=None, collections: dict | None = None,
                keys: KeyStore | None = None, auth: str = "none") -> FastAPI:
-    """App over the index at ``index_dir`` or the gallery in database ``db``, or over ``collections`` (name -> index
-    directory, one gallery each: docs/serve.md, "Keys and collections"); the model is ``model`` or loaded from
-    ``ckpt`` / the manifest's path. ``keys``: the API keys every request but the public ones must show
-    (``serve.access``); None: open, ``auth`` says why (for /health)."""
+    """App over the index at ``index_dir`` or the gallery in database ``db`` (read through ``db_read`` when given),
+    or over ``collections`` (name -> index directory, one gallery each: docs/serve.md, "Keys and collections"); the
+    model is ``model`` or loaded from ``ckpt`` / the manifest's path. ``keys``: the API keys every request but the
+    public ones must show (``serve.access``); None: open, ``auth`` says why (for /health)."""
     import mmgeo
 
     limits = limits or Limits()
     if collections is None:
-        galleries = {DEFAULT_COLLECTION: open_gallery(index_dir, db, ef_search)}
+        galleries = {DEFAULT_COLLECTION: open_gallery(index_dir, db, ef_search, db_read)}
     else:
         galleries = {check_collection(name): open_gallery(path) for name, path in collections.items()}
     first = next(iter(galleries.values()))

@@ -72,6 +72,9 @@ def parse(argv=None) -> argparse.Namespace:
     gallery = r.add_mutually_exclusive_group(required=True)
     gallery.add_argument("--index", help="index directory from `build`")
     gallery.add_argument("--db", metavar="URL", help=DB_HELP + " holding a gallery from `build --db`")
+    r.add_argument("--db-read", metavar="URL", default=None, help="with --db: read (search, images, health) "
+                   "through this URL instead, e.g. a streaming standby, or a libpq multi-host URL with "
+                   "target_session_attrs=prefer-standby; writes and --allow-writes go to --db (docs/serve.md)")
     r.add_argument("--allow-writes", action="store_true", help="with --db: POST /images and DELETE /images/{id} "
                    "change the gallery (no authentication: only where every client may)")
     r.add_argument("--ef-search", type=int, default=None, help="with --db: HNSW's candidate list (default 2 x "
@@ -250,7 +253,7 @@ def _app(settings: dict):
     given = {k: settings[k] for k in ("batch_wait_ms", "batch_workers", "batch_size") if settings[k] is not None}
     given["allow_writes"] = bool(settings.get("allow_writes"))
     app = create_app(settings["index"], ckpt=settings["ckpt"], limits=Limits(k_prime=settings["k_prime"], **given),
-                     db=settings.get("db"), ef_search=settings.get("ef_search"),
+                     db=settings.get("db"), ef_search=settings.get("ef_search"), db_read=settings.get("db_read"),
                      collections=settings.get("collections"), keys=app_keys(settings),
                      auth=settings.get("auth", "none"))
     # what torch, transformers, FastAPI and the model allocated is left out of every later collection, whose full
@@ -262,7 +265,9 @@ def _app(settings: dict):
 
 def run_settings(args) -> dict:
     """What ``_app`` needs of ``run``'s arguments (JSON-able: passed to worker processes in ``SETTINGS_ENV``)."""
-    return {**{k: getattr(args, k) for k in ("index", "db", "ef_search", "allow_writes", "ckpt", "k_prime",
+    if args.db_read and not args.db:
+        raise ValueError("--db-read URL goes with --db URL (reads through one, writes through the other)")
+    return {**{k: getattr(args, k) for k in ("index", "db", "db_read", "ef_search", "allow_writes", "ckpt", "k_prime",
                                              "batch_wait_ms", "batch_workers", "batch_size", "torch_threads")},
             **auth_settings(args)}
 

