@@ -9,7 +9,7 @@ import sys
 
 from mmgeo.config import CliParser, call_cli
 from mmgeo.search.codecs import CODECS, TRAIN_IMAGES
-from mmgeo.search.database import DEFAULT_CODEC
+from mmgeo.search.database import DEFAULT_CODEC, display_url
 from mmgeo.search.faiss_index import INDEX_TYPES
 from serve.keys_cli import add_keys_parser, add_run_options, app_keys, auth_settings, keys_command
 
@@ -56,6 +56,10 @@ def parse(argv=None) -> argparse.Namespace:
     b.add_argument("--keep-files", action="store_true", help="with --db: keep every image file in the database too "
                    "(service replicas on other machines can serve them)")
     b.add_argument("--batch-size", type=int, default=64)
+    b.add_argument("--workers", type=int, default=1, metavar="N",
+                   help="with --db: encode on N processes (a gloo process group, as DDP training), each its share "
+                        "of the batches, staged by COPY; the rows are those one process stores (torchrun "
+                        "--nproc_per_node N -m serve build ... starts them instead)")
     b.add_argument("--no-progress", action="store_true")
     a = sub.add_parser("add", help="add images to a database gallery (each batch one transaction; images already "
                        "stored, by content SHA-256, are skipped)")
@@ -112,6 +116,11 @@ def build_db(args) -> int:
     if args.keep_patches is not None or args.prune_queries is not None:
         raise ValueError("--keep-patches is not available with --db yet: build the gallery with all patches")
     positive("--batch-size", args.batch_size)
+    positive("--workers", args.workers)
+    from mmgeo.search.db_parallel import launched_rank
+
+    if args.workers > 1 or launched_rank():
+        return build_db_ranks(args)
     model = mmgeo.load_model(args.ckpt)
     items, total = image_items(args, model)
     if total == 0:
@@ -128,6 +137,21 @@ def build_db(args) -> int:
               f"{len(out['skipped'])} unreadable file(s)")
     for s in out["skipped"][:10]:
         print(f"  skipped {s['path']}: {s['error']}")
+    return 0
+
+
+def build_db_ranks(args) -> int:
+    """``build --db --workers N`` (or under torchrun): the build on several processes; rank 0 reports."""
+    from serve.build_ranks import build_db_ranks as run_ranks
+
+    out = run_ranks(args, image_items)
+    if out is not None:
+        store = out["manifest"]["store"]
+        print(f"added {len(out['added'])} image(s) to the gallery in {display_url(args.db)} on "
+              f"{out['workers']} process(es) (re-rank store {store['codec']}); {len(out['existing'])} already "
+              f"there; {out['count']} in all; skipped {len(out['skipped'])} unreadable file(s)")
+        for s in out["skipped"][:10]:
+            print(f"  skipped {s['path']}: {s['error']}")
     return 0
 
 
@@ -201,6 +225,8 @@ def build(args) -> int:
 
     if args.db:
         return build_db(args)
+    if args.workers != 1:
+        raise ValueError("--workers goes with --db (a folder build runs in one process)")
     if args.replace or args.keep_files:
         raise ValueError("--replace and --keep-files go with --db (a folder build always replaces the index)")
     args.codec = args.codec or "fp16"

@@ -23,14 +23,17 @@ import torch
 
 from mmgeo.search.codecs import ROLES, CodebookError, Codewords, load_quantizers, unpack_mask
 from mmgeo.search.db_connect import (  # noqa: F401  (re-exported)
+    CRASH_ENV,
     LATEST,
     MIGRATION_LOCK,
     MIGRATIONS,
     NEEDS_DB,
+    READABLE,
     Database,
     DatabaseError,
     as_database,
     connection_url,
+    crash_point,
     display_url,
     migrate,
     migration_files,
@@ -178,10 +181,11 @@ class DbGallery(RerankStore):
     def _load(self) -> None:
         with self.reader.connection() as conn:
             have = schema_version(conn)
-            if have != LATEST:
+            if not READABLE <= have <= LATEST:
                 raise GalleryError(f"database {self.db.display} has mmgeo schema v{have}, this mmgeo reads "
-                                   f"v{LATEST}; " + (BUILD if have == 0 else "migrate it by `python -m serve build "
-                                                     "--db URL` of this mmgeo" if have < LATEST else "upgrade mmgeo"))
+                                   f"v{READABLE}..v{LATEST}; " + (
+                                       BUILD if have == 0 else "migrate it by `python -m serve build --db URL` of "
+                                       "this mmgeo" if have < READABLE else "upgrade mmgeo"))
             got = _gallery_row(conn)
             if got is None:
                 raise GalleryError(f"database {self.db.display} holds no gallery; {BUILD}")

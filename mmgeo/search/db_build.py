@@ -34,6 +34,7 @@ from mmgeo.search.database import (
     Rows,
     add_rows,
     as_database,
+    crash_point,
     create_gallery,
     pack_bits,
     row_bytes,
@@ -213,6 +214,7 @@ def store_batch(model, gallery: DbGallery, batch: list, out: dict, on_step=None)
     have = stored_hashes(gallery.db, [b[1] for b in batch])
     todo = [b for b in batch if b[1] not in have]
     if todo:
+        crash_point("build.encode")
         emb = model.encode_image([b[3] for b in todo])
         keys, values, mask = encode_codes(gallery, emb)
         rows = Rows([b[1] for b in todo], [b[2] for b in todo], emb.pooled.float().cpu().numpy(), keys, values,
@@ -250,6 +252,7 @@ def add_items(model, gallery: DbGallery, items: Iterable, total: int | None = No
         if len(batch) == batch_size:
             store_batch(model, gallery, batch, out, on_step)
             batch.clear()
+            crash_point("build.between")
     if batch:
         store_batch(model, gallery, batch, out, on_step)
     bar.close()
@@ -279,6 +282,24 @@ def _ids_of(gallery: DbGallery, hashes: list[bytes]) -> dict[bytes, int]:
     return {bytes(h): int(i) for h, i in rows}
 
 
+def sampler(model, items: Sequence, train_images: int, batch_size: int) -> Callable[[], Embedding]:
+    """What trains a new gallery's codebooks: the encoded readable ones of up to ``train_images`` evenly spaced
+    ``items`` (encoded in batches of ``batch_size``, as a build encodes them)."""
+
+    def sample() -> Embedding:
+        ims = []
+        for i in sample_rows(len(items), train_images):
+            try:
+                ims.append(read_item(*items[i])[2])
+            except Exception:  # noqa: BLE001,S112 - unreadable: skipped here, counted by the build
+                continue
+        if not ims:
+            raise ValueError("no readable image among the items to train the codec on")
+        return Embedding.cat([model.encode_image(ims[a:a + batch_size]) for a in range(0, len(ims), batch_size)])
+
+    return sample
+
+
 def build_db_gallery(model, items: Sequence, total: int, db: Database | str, ckpt=None, codec: str = DEFAULT_CODEC,
                      train_images: int = TRAIN_IMAGES, batch_size: int = 64, progress: bool = True,
                      replace: bool = False, keep_files: bool = False) -> dict:
@@ -289,20 +310,10 @@ def build_db_gallery(model, items: Sequence, total: int, db: Database | str, ckp
     db, own = as_database(db)
     try:
         items = list(items)[:total]
-
-        def sample() -> Embedding:
-            ims = []
-            for i in sample_rows(len(items), train_images):
-                try:
-                    ims.append(read_item(*items[i])[2])
-                except Exception:  # noqa: BLE001,S112 - unreadable: skipped here, counted by the build
-                    continue
-            if not ims:
-                raise ValueError("no readable image among the items to train the codec on")
-            return Embedding.cat([model.encode_image(ims[a:a + batch_size]) for a in range(0, len(ims), batch_size)])
-
-        gallery = open_or_create(model, db, ckpt, codec, train_images, replace, sample)
+        gallery = open_or_create(model, db, ckpt, codec, train_images, replace,
+                                 sampler(model, items, train_images, batch_size))
         out = add_items(model, gallery, items, total, batch_size, progress, keep_files)
+        crash_point("build.manifest")
         update_manifest(db, {"skipped": {"count": len(out["skipped"]), "files": out["skipped"][:1000]}})
         out["manifest"] = DbGallery(db).manifest
         return out

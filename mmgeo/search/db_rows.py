@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mmgeo.search.codecs import ROLES
-from mmgeo.search.db_connect import Database, migrate
+from mmgeo.search.db_connect import Database, crash_point, migrate
 from mmgeo.search.store import GalleryError
 
 FORMAT = "mmgeo-gallery-db"
@@ -134,6 +134,7 @@ def create_gallery(db: Database, manifest: dict, codebooks: dict[tuple[str, int]
         for (role, head), data in sorted(codebooks.items()):
             conn.execute("INSERT INTO mmgeo_codebooks (role, head, data, sha256) VALUES (%s, %s, %s, %s)",
                          [role, head, data, hashlib.sha256(data).hexdigest()])
+        crash_point("create.commit")
 
 
 def update_manifest(db: Database, changes: dict) -> None:
@@ -163,8 +164,14 @@ def add_rows(db: Database, rows: Rows, on_step: Callable[[str], None] | None = N
     SHA-256 is stored already (or repeats an earlier row of the batch) is not stored again: it gets the stored id.
     Ids are given in row order from the gallery's sequence; writers take the gallery row's lock only to insert,
     so two writers copy their batches at once and insert one after the other. ``on_step(name)`` is called before
-    each step ("copy", "insert", "count", "commit"): a test kills a writer there."""
-    step = on_step or (lambda name: None)
+    each step ("copy", "insert", "count", "commit"): a test kills a writer there; ``crash_point("add.NAME")`` too,
+    and at "add.copy-half" (in the middle of the COPY) and "add.done" (committed, not returned yet)."""
+
+    def step(name: str) -> None:
+        if on_step is not None:
+            on_step(name)
+        crash_point(f"add.{name}")
+
     n = len(rows)
     if n == 0:
         return np.zeros(0, np.int64), np.zeros(0, bool)
@@ -179,6 +186,8 @@ def add_rows(db: Database, rows: Rows, on_step: Callable[[str], None] | None = N
             step("copy")
             with conn.cursor().copy(COPY) as copy:
                 for i in range(n):
+                    if i == n // 2:
+                        step("copy-half")
                     copy.write_row((i, rows.sha256[i], json.dumps(rows.meta[i]), vector_text(rows.pooled[i]),
                                     rows.key_codes[i], rows.value_codes[i], rows.mask[i], rows.patches[i],
                                     rows.files[i]))
@@ -189,6 +198,7 @@ def add_rows(db: Database, rows: Rows, on_step: Callable[[str], None] | None = N
             conn.execute("UPDATE mmgeo_gallery SET image_count = image_count + %s WHERE id = 1", [len(added)])
             found = conn.execute(IDS).fetchall()
             step("commit")
+    crash_point("add.done")
     ids, new = np.full(n, -1, np.int64), np.zeros(n, bool)
     for ord_, id_ in found:
         ids[ord_] = id_
@@ -222,7 +232,9 @@ def remove_images(db: Database, ids: Sequence) -> list[int]:
             raise GalleryError(f"database {db.display} holds no gallery; {BUILD}")
         gone = [r[0] for r in conn.execute("DELETE FROM mmgeo_images WHERE id = ANY(%s::bigint[]) RETURNING id",
                                            [ids]).fetchall()]
+        crash_point("remove.count")
         conn.execute("UPDATE mmgeo_gallery SET image_count = image_count - %s WHERE id = 1", [len(gone)])
+        crash_point("remove.commit")
     return sorted(gone)
 
 
