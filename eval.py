@@ -4,6 +4,7 @@
         [--mode exact|two-stage] [--k-prime 100] [--index-type flat|hnsw|ivfpq|auto] [--codec C]
         [--keep-patches N --prune-queries FILE]                     # two-stage over a temporary gallery
     python eval.py --index INDEX_DIR --data synthetic --split test       # a gallery from `python -m serve build`
+    python eval.py --db URL --data synthetic --split test      # a gallery from `python -m serve build --db URL`
     python eval.py --model openclip:ViT-B-32/laion2b_s34b_b79k --data flickr30k --data-root data/flickr30k
     python eval.py --ckpt runs/flickr30k_geo/model.pt --data flickr30k --data-root data/flickr30k [--data-format hf]
     python eval.py --ckpt runs/shards/model.pt --data webdataset --shards 'data/val/{00000..00001}.tar' [--limit N]
@@ -17,7 +18,8 @@ exact: every (caption, image) pair scored by the model's own score (geometric, o
 CLIP-baseline model). two-stage: the search service's own code (mmgeo.search.two_stage): FAISS top-K' on the
 global vectors, re-ranked by the geometric score of the stored keys/values — over a temporary gallery of the
 split's images (--index-type, flat by default), or over a built gallery (--index DIR: its manifest names the
-checkpoint; image i of the gallery must be image i of the split, as `python -m serve build --data` writes it).
+checkpoint; image i of the gallery must be image i of the split, as `python -m serve build --data` writes it),
+or over a gallery in PostgreSQL (--db URL or local:DIR, as `serve run --db`: the same check, the same re-rank).
 The service has no image->text search: two-stage image->text ranks are read from the text->image candidates
 (JSON "measured" says how each direction was measured).
 Prints a table and writes a JSON with "metrics" (R@1/5/10, mean / median rank, both directions),
@@ -116,7 +118,7 @@ def evaluate_compositional(args, model) -> dict:
 def load_model_and_index(args, device: str):
     """-> (model, its name for the JSON, the ``--index`` gallery or None). With ``--index`` the model is
     ``--ckpt`` or the checkpoint the manifest names, checked against the gallery as the service checks it."""
-    index = args.index
+    index = args.index or args.db
     if args.model:
         if index:
             raise SystemExit("--index needs the checkpoint its gallery was built with (--ckpt, or none: the one "
@@ -129,7 +131,15 @@ def load_model_and_index(args, device: str):
     from mmgeo.search.store import Gallery, GalleryError
 
     try:
-        gallery = Gallery(index)
+        if args.db:
+            from mmgeo.search.database import DatabaseError, DbGallery
+
+            try:
+                gallery = DbGallery(args.db, ef_search=args.ef_search)
+            except DatabaseError as err:
+                raise SystemExit(str(err)) from err
+        else:
+            gallery = Gallery(index)
         ckpt = args.ckpt or gallery.model_record.get("path")
         if not ckpt:
             raise SystemExit(f"index {index} records no checkpoint path; pass --ckpt")
@@ -316,6 +326,10 @@ def main(argv: list[str] | None = None) -> dict:
                    help="two-stage: sample captions for --keep-patches, one per line (not the evaluated split's)")
     p.add_argument("--index", default=None, help="two-stage over a gallery from `python -m serve build` (built from "
                    "this split, same order); the model is --ckpt or the checkpoint its manifest names")
+    p.add_argument("--db", default=None, metavar="URL", help="two-stage over a gallery in PostgreSQL from `python -m "
+                   "serve build --db URL` (a postgresql:// URL, or local:DIR: an embedded one), as --index")
+    p.add_argument("--ef-search", type=int, default=None, help="with --db: HNSW's candidate list (default 2 x "
+                   "--k-prime, within 40..1000)")
     p.add_argument("--seed", type=int, default=0, help="synthetic data seed")
     p.add_argument("--image-size", type=int, default=0, help="synthetic image side (0 = the model's input size)")
     p.add_argument("--limit", type=int, default=None, help="evaluate only the first N images")
@@ -325,15 +339,29 @@ def main(argv: list[str] | None = None) -> dict:
     args = p.parse_args(argv)
     if args.k_prime <= 0:
         p.error(f"--k-prime must be positive, got {args.k_prime}")
-    if not (args.ckpt or args.model or args.index):
+    if args.db and args.index:
+        p.error("--index DIR and --db URL both name the gallery: give one")
+    if args.ef_search is not None and not args.db:
+        p.error("--ef-search goes with --db (HNSW in PostgreSQL)")
+    if args.db:
+        from mmgeo.search.db_connect import parse_db
+
+        try:
+            parse_db(args.db)
+        except ValueError as err:
+            p.error(str(err))
+        if args.keep_patches:
+            p.error("--keep-patches applies to the temporary gallery; a --db gallery keeps all patches (a database "
+                    "build does not prune)")
+    if not (args.ckpt or args.model or args.index or args.db):
         p.error("give the model: --ckpt MODEL.pt, --model openclip:ARCH[/TAG], or --index DIR (its checkpoint)")
-    if args.index and args.mode == "exact":
+    if (args.index or args.db) and args.mode == "exact":
         p.error("--index evaluates a built gallery by two-stage search: drop --mode exact (or drop --index)")
-    if args.index and args.index_type:
+    if (args.index or args.db) and args.index_type:
         p.error("--index-type applies to the temporary gallery; an --index gallery has its own type")
-    if args.index and args.codec:
+    if (args.index or args.db) and args.codec:
         p.error("--codec applies to the temporary gallery; an --index gallery has its own codec")
-    if args.index and args.keep_patches:
+    if (args.index or args.db) and args.keep_patches:
         p.error("--keep-patches applies to the temporary gallery; an --index gallery keeps what it was built with")
     if (args.keep_patches is None) != (args.prune_queries is None):
         p.error("--keep-patches N and --prune-queries FILE go together: the patches kept are those the sample "
@@ -353,7 +381,7 @@ def main(argv: list[str] | None = None) -> dict:
         p.error("--data webdataset and --shards PATTERN go together (the shards are the split)")
     if args.partial_queries <= 0:
         p.error(f"--partial-queries must be positive, got {args.partial_queries}")
-    if args.index and args.suite == "compositional":
+    if (args.index or args.db) and args.suite == "compositional":
         p.error("--index is for retrieval (--suite retrieval or all), not the compositional suite")
     result = evaluate(args)
     if "metrics" in result:
