@@ -212,6 +212,7 @@ def model_recall(spec: str, x: np.ndarray, q: np.ndarray, k: int, m: int, efc: i
 
     exact = exact_top(q, x, k)
     with Database(spec, pool_size=1, pool_timeout=60) as db, db.connection() as conn:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
         conn.execute("DROP SCHEMA IF EXISTS mmgeo_recall CASCADE")
         conn.execute("CREATE SCHEMA mmgeo_recall")
         conn.execute(sql.SQL("CREATE TABLE mmgeo_recall.v (id integer, v vector({}))").format(

@@ -37,9 +37,17 @@ def ids_found(base: str, text: str = "a red circle") -> list[int]:
 def test_two_replicas_see_each_others_writes(serve_env, pg_url):
     """An upload through replica A is served by replica B at the next request (/search, /search/image, /images);
     a DELETE through B is gone from A at once. Each replica is its own `python -m serve run --db` process."""
+    from concurrent.futures import ThreadPoolExecutor
+
     build(serve_env.ckpt, pg_url)
     with contextlib.ExitStack() as stack:
-        a, b = (stack.enter_context(running_server(None, "--db", pg_url, "--allow-writes")) for _ in range(2))
+        servers = [running_server(None, "--db", pg_url, "--allow-writes") for _ in range(2)]
+        with ThreadPoolExecutor(2) as pool:  # both start at once (each loads the model)
+            started = [pool.submit(cm.__enter__) for cm in servers]
+        for cm, f in zip(servers, started):
+            if f.exception() is None:
+                stack.push(cm.__exit__)
+        a, b = (f.result() for f in started)
         assert 12 not in ids_found(b)
         up = httpx.post(a + "/images", files={"files": ("new.png", png("purple"), "image/png")}, timeout=30)
         assert up.status_code == 200, up.text
@@ -119,7 +127,7 @@ def test_reads_from_a_standby_survive_the_primary_killed_and_the_standby_promote
                 time.sleep(1.0)
                 before = len(seen)
                 standby.promote()
-                wait_for(lambda: len(seen) >= before + 20, what="searches after the promotion")
+                wait_for(lambda: len(seen) >= before + 12, what="searches after the promotion")
             finally:
                 stop.set()
                 worker.join(60)
