@@ -18,6 +18,7 @@ import contextvars
 import json
 import logging
 
+from mmgeo.search.db_connect import COLLECTION
 from serve.api import ApiError
 from serve.auth import AuthError, KeyRecord, KeyStore, RateLimiter, bearer, id_of
 
@@ -126,9 +127,12 @@ class AccessMiddleware:
                             key_id or "none")
             return await refuse(send, err)
         token = CURRENT.set(got)
+        db_token = COLLECTION.set(got[0]) if got is not None and self.access.keys is not None else None
         try:
             await self.app(scope, receive, send)
         finally:
+            if db_token is not None:
+                COLLECTION.reset(db_token)
             CURRENT.reset(token)
 
 
@@ -141,6 +145,22 @@ async def refuse(send, err: AuthError) -> None:
         headers.append((b"retry-after", str(err.retry_after).encode()))
     await send({"type": "http.response.start", "status": err.status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
+
+
+def in_collection(name: str, fn, keys):
+    """``fn`` run in collection ``name``'s database transactions (``COLLECTION``) when the service has keys: a
+    micro-batch runs in a thread of its own, outside any request's context."""
+    if keys is None:
+        return fn
+
+    def run(items):
+        token = COLLECTION.set(name)
+        try:
+            return fn(items)
+        finally:
+            COLLECTION.reset(token)
+
+    return run
 
 
 class CurrentGallery:

@@ -18,7 +18,7 @@ from fastapi import FastAPI
 
 from mmgeo.search.store import Gallery
 from mmgeo.search.two_stage import search_texts
-from serve.access import Access, AccessMiddleware, CurrentBatcher, CurrentGallery, secure_document
+from serve.access import Access, AccessMiddleware, CurrentBatcher, CurrentGallery, in_collection, secure_document
 from serve.api import (  # noqa: F401 (the service's names, importable from here)
     JSON_BODY_LIMIT,
     ApiError,
@@ -65,6 +65,8 @@ DEFAULT_COLLECTION = "default"  # the one collection of a service over one galle
 DB_POOL_SIZE = 4  # connections per server process (batch workers + image and health routes)
 DB_TIMEOUT_S = 5.0  # to connect, or to wait for a free connection
 DB_STATEMENT_TIMEOUT_S = 10.0  # any one statement of the service
+DB_ARGS = {"pool_size": DB_POOL_SIZE, "connect_timeout": DB_TIMEOUT_S, "pool_timeout": DB_TIMEOUT_S,
+           "statement_timeout": DB_STATEMENT_TIMEOUT_S, "application_name": "mmgeo-serve"}  # the service's pools
 
 
 def create_app(index_dir=None, model=None, ckpt=None, limits: Limits | None = None, db=None,
@@ -77,7 +79,11 @@ def create_app(index_dir=None, model=None, ckpt=None, limits: Limits | None = No
     import mmgeo
 
     limits = limits or Limits()
-    if collections is None:
+    if collections is None and db is not None and hasattr(keys, "db"):  # keys in the database: its collections
+        from serve.db_keys import open_db_collections
+
+        galleries = open_db_collections(keys, ef_search, db_read, **DB_ARGS)
+    elif collections is None:
         galleries = {DEFAULT_COLLECTION: open_gallery(index_dir, db, ef_search, db_read)}
     else:
         galleries = {check_collection(name): open_gallery(path) for name, path in collections.items()}
@@ -89,8 +95,9 @@ def create_app(index_dir=None, model=None, ckpt=None, limits: Limits | None = No
         model = mmgeo.load_model(ckpt)
     for g in galleries.values():
         g.check_model(model, ckpt)
-    batchers = {name: MicroBatcher(partial(search_batch, model, g, limits.k_prime), limits.batch_size,
-                                   limits.batch_wait_ms, limits.batch_workers) for name, g in galleries.items()}
+    batchers = {name: MicroBatcher(in_collection(name, partial(search_batch, model, g, limits.k_prime), keys),
+                                   limits.batch_size, limits.batch_wait_ms, limits.batch_workers)
+                for name, g in galleries.items()}
     access = Access(galleries, keys, "keys" if keys is not None else auth)
     gallery, batcher = CurrentGallery(access), CurrentBatcher(access, batchers)
     metrics = Metrics()
@@ -103,6 +110,8 @@ def create_app(index_dir=None, model=None, ckpt=None, limits: Limits | None = No
         for g in galleries.values():
             if hasattr(g, "close"):  # a database gallery's connection pool
                 g.close()
+        if hasattr(keys, "close"):  # keys in the database: the pool its galleries share
+            keys.close()
 
     app = FastAPI(title="mmgeo image search", lifespan=lifespan, description=description(limits))
     one = len(galleries) == 1

@@ -133,14 +133,18 @@ class KeyStore:
         if m is None:
             digest("", DUMMY_SALT, ITERATIONS)
             raise AuthError(401, "the API key is malformed: expected 'Authorization: Bearer mmgeo_<id>_<secret>'")
-        self.refresh()
         key_id, secret = m.groups()
-        rec = self.records.get(key_id)
+        rec = self.lookup(key_id)
         salt, iterations = (bytes.fromhex(rec.salt), rec.iterations) if rec else (DUMMY_SALT, ITERATIONS)
         good = hmac.compare_digest(digest(secret, salt, iterations), bytes.fromhex(rec.hash) if rec else bytes(32))
         if rec is None or not good or rec.revoked is not None:
             raise AuthError(401, "the API key is not valid (unknown, wrong or revoked)", key_id=key_id)
         return rec
+
+    def lookup(self, key_id: str) -> KeyRecord | None:
+        """The record of ``key_id`` as stored now, or None."""
+        self.refresh()
+        return self.records.get(key_id)
 
     def charge(self, key_id: str, nbytes: int, images: int) -> None:
         """Count an upload against the key's quotas; AuthError 403 (nothing counted) when it would pass one."""

@@ -11,7 +11,15 @@ from mmgeo.config import CliParser, call_cli
 from mmgeo.search.codecs import CODECS, TRAIN_IMAGES
 from mmgeo.search.database import DEFAULT_CODEC, display_url
 from mmgeo.search.faiss_index import INDEX_TYPES
-from serve.keys_cli import add_keys_parser, add_run_options, app_keys, auth_settings, keys_command
+from serve.keys_cli import (
+    add_collection_option,
+    add_keys_parser,
+    add_run_options,
+    app_keys,
+    auth_settings,
+    enter_collection,
+    keys_command,
+)
 
 DB_HELP = ("a PostgreSQL database with pgvector: a postgresql:// URL, or local:DIR to start an embedded one whose "
            "data folder is DIR (the pgserver wheel: pip install -e '.[db]')")
@@ -72,6 +80,8 @@ def parse(argv=None) -> argparse.Namespace:
     d = sub.add_parser("remove", help="remove images from a database gallery by id (one transaction)")
     d.add_argument("--db", required=True, metavar="URL", help=DB_HELP)
     d.add_argument("--ids", required=True, nargs="+", metavar="ID", help="image ids (non-negative integers)")
+    for c in (b, a, d):
+        add_collection_option(c)
     r = sub.add_parser("run", help="serve an index over HTTP")
     gallery = r.add_mutually_exclusive_group(required=True)
     gallery.add_argument("--index", help="index directory from `build`")
@@ -331,6 +341,7 @@ def run(args) -> int:
 
 def command(argv: list[str]) -> int:
     args = parse(argv)
+    enter_collection(args)
     return {"build": build, "add": add, "remove": remove, "run": run, "keys": keys_command}[args.command](args)
 
 

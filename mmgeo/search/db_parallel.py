@@ -41,7 +41,7 @@ MERGE = """INSERT INTO mmgeo_images (id, content_sha256, meta, embedding, key_co
             AND NOT EXISTS (SELECT 1 FROM mmgeo_images i WHERE i.content_sha256 = n.content_sha256)
           ORDER BY n.content_sha256, n.ord) s
     ORDER BY s.ord
-    ON CONFLICT (content_sha256) DO NOTHING
+    ON CONFLICT DO NOTHING
     RETURNING content_sha256"""
 
 

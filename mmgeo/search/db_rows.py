@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mmgeo.search.codecs import ROLES
-from mmgeo.search.db_connect import Database, crash_point, migrate
+from mmgeo.search.db_connect import COLLECTION, Database, crash_point, migrate
 from mmgeo.search.store import GalleryError
 
 FORMAT = "mmgeo-gallery-db"
@@ -123,7 +123,11 @@ def create_gallery(db: Database, manifest: dict, codebooks: dict[tuple[str, int]
         if _gallery_row(conn) is not None:
             if not replace:
                 raise GalleryError(f"database {db.display} already holds a gallery; add images to it, or replace it")
-            conn.execute("TRUNCATE mmgeo_images, mmgeo_codebooks, mmgeo_gallery RESTART IDENTITY")
+            if COLLECTION.get() is None:  # the database's one gallery: ids start again at 0
+                conn.execute("TRUNCATE mmgeo_images, mmgeo_codebooks, mmgeo_gallery RESTART IDENTITY")
+            else:  # this collection's rows only (row-level security; TRUNCATE would ignore it)
+                for table in ("mmgeo_images", "mmgeo_codebooks", "mmgeo_gallery"):
+                    conn.execute(f"DELETE FROM {table} WHERE collection = mmgeo_collection()")  # noqa: S608
         conn.execute("DROP INDEX IF EXISTS mmgeo_images_embedding_hnsw")
         conn.execute(sql.SQL("ALTER TABLE mmgeo_images ALTER COLUMN embedding TYPE vector({})").format(
             sql.Literal(d)))
@@ -154,7 +158,7 @@ INSERT = """INSERT INTO mmgeo_images (id, content_sha256, meta, embedding, key_c
           WHERE NOT EXISTS (SELECT 1 FROM mmgeo_images i WHERE i.content_sha256 = n.content_sha256)
           ORDER BY n.content_sha256, n.ord) s
     ORDER BY s.ord
-    ON CONFLICT (content_sha256) DO NOTHING
+    ON CONFLICT DO NOTHING
     RETURNING content_sha256"""
 IDS = "SELECT n.ord, i.id FROM mmgeo_new n JOIN mmgeo_images i USING (content_sha256) ORDER BY n.ord"
 
