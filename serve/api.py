@@ -21,8 +21,8 @@ class Limits:
     # p99 on 2 cores, but not in every state of the test machine (docs/serve.md, "--batch-size")
     batch_wait_ms: float = 3.0  # how long a micro-batch waits for more queries after its first
     batch_workers: int = 2  # micro-batches in flight at once (one gathers at a time; each runs in its own thread)
-    allow_writes: bool = False  # POST /images and DELETE /images/{id} (a database gallery only; no authentication:
-    # open them only where every client may change the gallery)
+    allow_writes: bool = False  # POST /images and DELETE /images/{id} (a database gallery only; write keys when the
+    # service has keys, else anyone who reaches it: docs/serve.md, "Keys and collections")
     max_upload_files: int = 16  # images in one POST /images (all together within max_upload_bytes)
 
 

@@ -90,7 +90,7 @@ def parse(argv=None) -> argparse.Namespace:
                    "through this URL instead, e.g. a streaming standby, or a libpq multi-host URL with "
                    "target_session_attrs=prefer-standby; writes and --allow-writes go to --db (docs/serve.md)")
     r.add_argument("--allow-writes", action="store_true", help="with --db: POST /images and DELETE /images/{id} "
-                   "change the gallery (no authentication: only where every client may)")
+                   "change the gallery (with --db-keys: write keys only; without keys, anyone who reaches it)")
     r.add_argument("--ef-search", type=int, default=None, help="with --db: HNSW's candidate list (default 2 x "
                    "--k-prime, within 40..1000)")
     add_run_options(r, gallery)
