@@ -368,3 +368,19 @@ def test_a_child_runs_in_the_checkout_it_measures(tmp_path):
     where, argv = json.loads(res.stdout)
     assert where == "other checkout" and argv == [str(script), "a", "--b"]
     assert not list(other.rglob("__pycache__"))  # nothing written into the checkout
+
+
+@pytest.mark.slow
+def test_shard_loader_times_the_loaders_and_the_model_step(tmp_path):
+    from tests.conftest import TINY
+
+    out = tmp_path / "shards.json"
+    tiny = [x for k, v in TINY.items() if k != "image_size" for x in (f"--model_args.{k}", str(v))]
+    args = [sys.executable, "-m", "benchmarks.shard_loader", "--images", "40", "--per-shard", "10", "--steps", "2",
+            "--model-steps", "1", "--workers", "1", "--json", str(out), "--", "--trainer.batch_size", "8", *tiny]
+    res = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    assert "| shard loader alone | 1 workers |" in res.stdout and "model step" in res.stdout
+    rows = json.loads(out.read_text())
+    assert rows["shard_loader_samples_per_s"] > 0 and rows["model_samples_per_s"] > 0 and rows["batch"] == 8
