@@ -15,6 +15,7 @@ import hashlib
 import io
 import os
 import tempfile
+import unicodedata
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
@@ -260,11 +261,18 @@ def add_items(model, gallery: DbGallery, items: Iterable, total: int | None = No
     return out
 
 
+def clean_name(name: str) -> str:
+    """A file name from a client without control or format characters (Unicode categories Cc, Cf), else "upload"."""
+    return "".join(ch for ch in str(name) if unicodedata.category(ch) not in ("Cc", "Cf")) or "upload"
+
+
 def add_uploads(model, gallery: DbGallery, uploads: Sequence[tuple[str, bytes, object]]) -> dict:
     """Add uploaded files — (file name, its bytes, the decoded RGB image) — to a database gallery in one
     transaction, each kept in its row and hashed by its bytes (the same file again is not stored again).
-    -> {"added": [(name, id)], "existing": [(name, id)], "count"}."""
+    -> {"added": [(name, id)], "existing": [(name, id)], "count"}. A name keeps no control or format characters
+    (a NUL cannot be stored in jsonb; an escape sequence or a right-to-left override would mislead who reads it)."""
     gallery.check_model(model)
+    uploads = [(clean_name(name), data, im) for name, data, im in uploads]
     batch = [(name, hashlib.sha256(data).digest(),
               {"path": None, "name": name, "width": im.width, "height": im.height}, im, data)
              for name, data, im in uploads]
