@@ -14,7 +14,10 @@ def build_rank(rank: int, world: int, settings: dict, items_of: Callable) -> dic
     from mmgeo.search.database import DEFAULT_CODEC, Database
     from mmgeo.search.db_build import open_or_create, sampler
     from mmgeo.search.db_parallel import build_ranked
+    from serve.keys_cli import enter_collection
+
     args = argparse.Namespace(**settings)
+    enter_collection(args)  # --collection: this process's writes go to its rows, as the parent's would
     model = mmgeo.load_model(args.ckpt)
     items, total = items_of(args, model)
     items = list(items)[:total]
