@@ -53,6 +53,10 @@ def test_workers_go_with_a_database(serve_env, tmp_path, capsys):
     assert main(["build", "--ckpt", str(serve_env.ckpt), "--data", "synthetic", "--db", "postgresql://x/y",
                  "--workers", "0"]) == 2
     assert "--workers must be at least 1" in capsys.readouterr().err
+    (tmp_path / "q.txt").write_text("a red circle\n")
+    assert main(["build", "--ckpt", str(serve_env.ckpt), "--data", "synthetic", "--db", "postgresql://x/y",
+                 "--keep-patches", "8", "--prune-queries", str(tmp_path / "q.txt")]) == 2
+    assert "--keep-patches is not available with --db" in capsys.readouterr().err  # pruning: folders only
 
 
 @pytest.mark.slow
