@@ -82,14 +82,20 @@ def relevant_images(text: str, scenes: list[list[ShapeObject]]) -> np.ndarray:
     return np.array([i for i, s in enumerate(scenes) if satisfies(parsed, s)], dtype=np.int64)
 
 
-def wrong_attributes(query: PartialQuery, scene: list[ShapeObject]) -> set[str]:
-    """What a wrong hit gets wrong: for each mention no object holds, the attributes (``ATTRIBUTES``) in which
-    the scene's closest object differs (closest = most attributes right; ties: the first in the scene)."""
-    wrong: set[str] = set()
+def wrong_values(query: PartialQuery, scene: list[ShapeObject]) -> dict[str, set[tuple]]:
+    """What a wrong hit gets wrong, with values: for each mention, the scene's closest object (most attributes
+    right; ties: the first in the scene) and each attribute (``ATTRIBUTES``) it differs in -> {attribute:
+    {(asked, got), ...}}; empty for a hit that holds every mention's object."""
+    wrong: dict[str, set[tuple]] = {}
     for m in query.mentions:
         want = (m.size, m.color, m.shape, CELL_OF_PHRASE[m.where])
-        misses = [{a for a, w, h in zip(ATTRIBUTES, want, (o.size, o.color, o.shape, o.cell)) if w != h}
+        misses = [{a: (w, h) for a, w, h in zip(ATTRIBUTES, want, (o.size, o.color, o.shape, o.cell)) if w != h}
                   for o in scene]
-        best = min(misses, key=len)
-        wrong |= best
+        for a, pair in min(misses, key=len).items():
+            wrong.setdefault(a, set()).add(pair)
     return wrong
+
+
+def wrong_attributes(query: PartialQuery, scene: list[ShapeObject]) -> set[str]:
+    """The attributes of ``wrong_values``: what a wrong hit gets wrong."""
+    return set(wrong_values(query, scene))

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from mmgeo.data.shapes_queries import ATTRIBUTES, PartialQuery, make_queries, relevant_images, wrong_attributes
+from mmgeo.data.shapes_queries import ATTRIBUTES, PartialQuery, make_queries, relevant_images, wrong_values
 
 QUERY_KINDS = {"one_object": 1, "two_object": 2}  # JSON key -> objects a query names
 METRICS = ("P@1", "P@5", "nDCG@10", "mAP")
@@ -52,14 +52,28 @@ def ranking_metrics(rankings: list[np.ndarray], relevant: list[np.ndarray]) -> d
 
 def first_hit_errors(queries: list[PartialQuery], rankings: list[np.ndarray], relevant: list[np.ndarray],
                      scenes) -> dict:
-    """Of the queries whose first hit is wrong: how many, and the share whose first hit has each attribute wrong."""
+    """Of the queries whose first hit is wrong: how many, the share whose first hit has each attribute wrong, the
+    share wrong in that attribute alone, and the confusions ``"asked -> got"`` per attribute (counts, most first)."""
     wrong = [(q, r[0]) for q, r, rel in zip(queries, rankings, relevant) if r[0] not in rel]
-    counts = dict.fromkeys(ATTRIBUTES, 0)
+    counts, alone = dict.fromkeys(ATTRIBUTES, 0), dict.fromkeys(ATTRIBUTES, 0)
+    confusions: dict[str, dict[str, int]] = {a: {} for a in ATTRIBUTES}
     for q, top in wrong:
-        for a in wrong_attributes(q, scenes[int(top)]):
+        values = wrong_values(q, scenes[int(top)])
+        for a, pairs in values.items():
             counts[a] += 1
-    return {"wrong_first_hits": len(wrong),
-            "attribute_wrong": {a: (c / len(wrong) if wrong else 0.0) for a, c in counts.items()}}
+            alone[a] += len(values) == 1
+            for asked, got in pairs:
+                label = f"{_show(asked)} -> {_show(got)}"
+                confusions[a][label] = confusions[a].get(label, 0) + 1
+    share = lambda c: c / len(wrong) if wrong else 0.0  # noqa: E731
+    return {"wrong_first_hits": len(wrong), "attribute_wrong": {a: share(c) for a, c in counts.items()},
+            "attribute_wrong_alone": {a: share(c) for a, c in alone.items()},
+            "confusions": {a: dict(sorted(c.items(), key=lambda kv: (-kv[1], kv[0]))) for a, c in confusions.items()}}
+
+
+def _show(value) -> str:
+    """A cell (row, col) as 'r,c'; other attribute values as they are."""
+    return ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
 
 
 def exact_rankings(scores: torch.Tensor, depth: int | None = None) -> list[np.ndarray]:
@@ -131,5 +145,12 @@ def format_table(record: dict) -> str:
             shares = " / ".join(f"{r['attribute_wrong'][a]:.2f}" for a in ATTRIBUTES)
             lines.append(f"{kind:<12}{name:<18}" + "".join(f"{r[m]:>9.3f}" for m in METRICS) +
                          f"   {r['wrong_first_hits']:>4} wrong: {shares}")
+    for kind in QUERY_KINDS:  # what the first ranking of each kind confuses most (the JSON has every count)
+        name, r = next(((n, r) for n, r in (record.get(kind) or {}).items() if isinstance(r, dict) and "P@1" in r),
+                       (None, None))
+        top = sorted(((c, f"{a} {label}") for a, cs in (r or {}).get("confusions", {}).items()
+                      for label, c in cs.items()), key=lambda x: -x[0])[:4]
+        if top:
+            lines.append(f"{kind} {name}, most confused: " + ", ".join(f"{t} ({c})" for c, t in top))
     return "\n".join(lines)
 

@@ -51,3 +51,26 @@ def test_evaluation_exact_and_served_on_a_tiny_model(tmp_path):
         assert record[kind]["relevant_per_query"]["min"] >= 1
     table = format_table(record)
     assert "one_object" in table and "served" in table and "nDCG@10" in table
+
+
+def test_first_hit_confusions_count_what_was_asked_and_what_came_back():
+    """Hand-made scenes: a first hit holding a red square where a red circle was asked is a shape confusion
+    'circle -> square', alone; a right first hit counts nothing."""
+    import numpy as np
+
+    from mmgeo.data.shapes import ShapeObject
+    from mmgeo.data.shapes_grammar import Mention
+    from mmgeo.data.shapes_queries import PartialQuery
+    from mmgeo.eval.partial import first_hit_errors
+
+    circle = Mention("large", "red", "circle", "in the top left")
+    query = PartialQuery("a large red circle in the top left", 0, (circle,))
+    scenes = [[ShapeObject("circle", "red", "large", (0, 0))],  # 0: right
+              [ShapeObject("square", "red", "large", (0, 0))],  # 1: the shape wrong
+              [ShapeObject("square", "blue", "large", (0, 0))]]  # 2: shape and colour wrong
+    rankings = [np.array([1, 0, 2]), np.array([2, 0, 1]), np.array([0, 1, 2])]
+    out = first_hit_errors([query] * 3, rankings, [np.array([0])] * 3, scenes)
+    assert out["wrong_first_hits"] == 2
+    assert out["attribute_wrong"]["shape"] == 1.0 and out["attribute_wrong"]["color"] == 0.5
+    assert out["attribute_wrong_alone"] == {"size": 0.0, "color": 0.0, "shape": 0.5, "cell": 0.0}
+    assert out["confusions"]["shape"] == {"circle -> square": 2} and out["confusions"]["color"] == {"red -> blue": 1}
