@@ -48,6 +48,9 @@ class Access:
     and no keys it is every request's). ``auth``: what /health says of it."""
 
     def __init__(self, galleries: dict, keys: KeyStore | None, auth: str):
+        if keys is None and len(galleries) > 1:
+            raise ValueError(f"{len(galleries)} collections need keys (--keys FILE): a request's key tells which "
+                             "collection it reads")
         self.galleries, self.keys, self.auth = galleries, keys, auth
         self.default = next(iter(galleries)) if len(galleries) == 1 else None
         self.limiter = RateLimiter()
@@ -84,12 +87,8 @@ class Access:
         need = scope_of(method, path)
         if need is None:
             return None
-        if self.keys is None:
-            if named is not None:
-                if named not in self.galleries:
-                    raise AuthError(404, f"no collection named {named[:80]!r} here")
-                return named, None
-            return (self.default, None) if self.default else None
+        if self.keys is None:  # one collection, no keys: every request's
+            return self.default, None
         token = bearer(authorization)
         if need == "optional" and token is None:
             return None

@@ -133,3 +133,10 @@ def test_no_auth_is_shown_at_health(serve_env, caplog):
     with TestClient(app) as c:
         h = c.get("/health").json()
         assert h["auth"] == "DISABLED (--no-auth)" and h["images"] == 24
+
+
+def test_several_collections_need_keys(serve_env):
+    from serve.app import create_app
+
+    with pytest.raises(ValueError, match="2 collections need keys"):
+        create_app(collections={"a": serve_env.idx, "b": serve_env.folder_idx})
