@@ -204,6 +204,11 @@ REFUSALS = {401: "no API key, or not a valid one (unknown, wrong or revoked): se
             429: "over the key's request rate; retry after the Retry-After header's seconds"}
 
 
+COLLECTION_PARAMETER = {"name": "X-Collection", "in": "header", "required": False, "schema": {"type": "string"},
+                        "description": "the collection this request is for; it must be the key's (403 otherwise). "
+                                       "Absent: the key's own"}
+
+
 def secure_document(doc: dict) -> dict:
     """Declare the bearer scheme, each operation's need of it, and the 401 / 403 / 429 answers of secured ones."""
     doc.setdefault("components", {}).setdefault("securitySchemes", {})["bearer"] = {
@@ -216,6 +221,8 @@ def secure_document(doc: dict) -> dict:
                 op["security"] = []
                 continue
             op["security"] = [{}, {"bearer": []}] if need == "optional" else [{"bearer": []}]
+            if need != "optional":
+                op.setdefault("parameters", []).append(COLLECTION_PARAMETER)
             statuses = (401,) if need == "optional" else (401, 403, 429)
             for s in statuses:
                 answer = {"description": REFUSALS[s], "content": {"application/json": {"schema": error}}}

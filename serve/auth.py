@@ -184,6 +184,8 @@ class FileKeys(KeyStore):
             if not create:
                 raise ValueError(f"--keys {self.path}: no such file; make keys with `python -m serve keys create "
                                  f"--keys {self.path} --collection NAME --scope read`")
+            if not self.path.parent.is_dir():
+                raise ValueError(f"--keys {self.path}: folder {str(self.path.parent)!r} does not exist")
             self._write({})
         self.refresh()
 

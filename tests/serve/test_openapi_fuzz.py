@@ -94,6 +94,7 @@ def test_document_declares_the_keys(api_schema):
         assert op["security"] == [{"bearer": []}], path
         assert {"401", "403", "429"} <= set(op["responses"]), path
         assert "Retry-After" in op["responses"]["429"]["headers"]
+        assert {"name": "X-Collection", "in": "header"}.items() <= op["parameters"][-1].items()
     r = schemathesis_client(api_schema).post("/search", json={"text": "a red circle"})
     assert r.status_code == 401 and r.headers["www-authenticate"].startswith("Bearer")
 
