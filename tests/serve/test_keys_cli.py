@@ -140,3 +140,24 @@ def test_several_collections_need_keys(serve_env):
 
     with pytest.raises(ValueError, match="2 collections need keys"):
         create_app(collections={"a": serve_env.idx, "b": serve_env.folder_idx})
+
+
+@pytest.mark.slow  # a server process (~10 s)
+def test_a_served_index_with_keys(serve_env, tmp_path, capsys):
+    """``serve run --keys FILE`` as users start it: /health open and bare, a search needs the key."""
+    import urllib.error
+    import urllib.request
+
+    from tests.serve.conftest import running_server
+
+    path = tmp_path / "keys.json"
+    token = create(path, capsys, "--collection", "default", "--scope", "read")
+    with running_server(serve_env.idx, "--keys", str(path)) as url:
+        assert json.loads(urllib.request.urlopen(url + "/health").read()) == {"status": "ok", "auth": "keys"}
+        body = json.dumps({"text": "a red circle", "k": 3}).encode()
+        ask = urllib.request.Request(url + "/search", data=body, headers={"content-type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(ask)
+        assert err.value.code == 401
+        ask.add_header("Authorization", f"Bearer {token}")
+        assert len(json.loads(urllib.request.urlopen(ask).read())["results"]) == 3
