@@ -48,3 +48,61 @@ def test_page_runs_the_query_from_the_url(server, tmp_path):
     shot = artifacts / "serve_page.png"
     chromium(f"--screenshot={shot}", page)
     assert shot.is_file() and shot.stat().st_size > 5_000
+
+
+def devtools_eval(page_url: str, steps: list[str], timeout: float = 60) -> list:
+    """Open ``page_url`` in headless Chromium and evaluate each JavaScript expression of ``steps`` in turn (promises
+    awaited) over the DevTools protocol -> their values."""
+    import asyncio
+    import json
+    import re
+    import time
+
+    import websockets
+
+    async def run(ws_url):
+        async with websockets.connect(ws_url, max_size=None) as ws:
+            out = []
+            for i, expr in enumerate(steps):
+                await ws.send(json.dumps({"id": i, "method": "Runtime.evaluate",
+                                          "params": {"expression": expr, "awaitPromise": True, "returnByValue": True}}))
+                while True:
+                    msg = json.loads(await ws.recv())
+                    if msg.get("id") == i:
+                        out.append(msg["result"]["result"].get("value"))
+                        break
+            return out
+
+    with tempfile.TemporaryDirectory() as profile:
+        proc = subprocess.Popen([CHROMIUM, *[f for f in FLAGS if not f.startswith("--virtual-time")],
+                                 f"--user-data-dir={profile}", "--remote-debugging-port=0", page_url],
+                                stderr=subprocess.PIPE, text=True)
+        try:
+            deadline, port = time.monotonic() + timeout, None
+            while port is None and time.monotonic() < deadline:
+                m = re.search(r"ws://127\.0\.0\.1:(\d+)/", proc.stderr.readline())
+                port = m and m.group(1)
+            targets = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/json", timeout=10).read())
+            page = next(t for t in targets if t["type"] == "page")
+            return asyncio.run(asyncio.wait_for(run(page["webSocketDebuggerUrl"]), timeout))
+        finally:
+            proc.kill()
+            proc.wait()
+
+
+def test_page_sends_the_key_it_is_given(serve_env, tmp_path):
+    """With keys, the page asks for one, sends it with the search, and shows the images it fetched with it."""
+    from serve.auth import FileKeys, new_key
+
+    token, rec = new_key("default", "read", rate=0)
+    FileKeys(tmp_path / "keys.json", create=True).add(rec)
+    wait = "new Promise(r => setTimeout(r, 3000))"
+    with running_server(serve_env.idx, "--keys", str(tmp_path / "keys.json")) as url:
+        got = devtools_eval(f"{url}/?q=a+red+circle", [
+            wait, "document.getElementById('status').textContent",
+            f"document.getElementById('key').value = {token!r}; document.getElementById('key').onchange(); "
+            "document.getElementById('form').requestSubmit(); 1", wait,
+            "[...document.querySelectorAll('img.result')].filter(i => i.src.startsWith('blob:') && "
+            "i.naturalWidth > 0).length"])
+    assert "needs an API key" in got[1]
+    assert got[4] == 24
