@@ -19,8 +19,11 @@ import hashlib
 import json
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
+if TYPE_CHECKING:  # numpy is imported where it is used: importing a benchmark does no work
+    import numpy as np
+
 
 BATCH = 5_000  # rows per add_rows transaction in the bulk load
 LIVE_ROWS = 2_000  # rows added last, a batch of LIVE_BATCH at a time, with the HNSW index in place
@@ -57,6 +60,7 @@ def existing(db, want: dict) -> dict | None:
 
 def pooled_for(folder: Path, count: int, cache: Path) -> np.ndarray:
     """The global vectors of the database's ``count`` rows: the folder's, then random unit ones (seed 1)."""
+    import numpy as np
     if cache.is_file():
         return np.load(cache, mmap_mode="r")
     base = folder_vectors(folder)
@@ -74,6 +78,8 @@ def pooled_for(folder: Path, count: int, cache: Path) -> np.ndarray:
 def prepare_db(spec: str, folder: Path, count: int, m: int, efc: int, workdir: Path, log=print) -> dict:
     """Load (or reuse) the database gallery of ``count`` rows at ``spec`` from the folder gallery ``folder``;
     -> its ``bench`` record (insert rates, HNSW build seconds, disk bytes)."""
+    import numpy as np
+
     from mmgeo.search.database import Database, Rows, add_rows, create_gallery, row_bytes, update_manifest
     from mmgeo.search.db_build import manifest_of
 
@@ -154,6 +160,7 @@ def fmt_rate(v: float | None) -> str:
 
 def exact_top(q: np.ndarray, x: np.ndarray, k: int, chunk: int = 200_000) -> list[set]:
     """Each query's ``k`` best rows of ``x`` by inner product (sets of row numbers)."""
+    import numpy as np
     best_s = np.full((len(q), 0), -np.inf, np.float32)
     best_i = np.zeros((len(q), 0), np.int64)
     for a in range(0, len(x), chunk):
@@ -167,6 +174,8 @@ def exact_top(q: np.ndarray, x: np.ndarray, k: int, chunk: int = 200_000) -> lis
 
 def first_stage_recall(spec: str, pooled: np.ndarray, q: np.ndarray, k: int, efs: list[int]) -> dict[int, float]:
     """Recall@k of ``DbGallery.first_stage`` (ids = row numbers) against exact, for each ``hnsw.ef_search``."""
+    import numpy as np
+
     from mmgeo.search.database import DbGallery
 
     exact = exact_top(q, pooled, k)
@@ -183,6 +192,7 @@ def first_stage_recall(spec: str, pooled: np.ndarray, q: np.ndarray, k: int, efs
 
 def model_vectors(ckpt: str, images: int, captions: int, cache: Path) -> tuple[np.ndarray, np.ndarray]:
     """Global vectors of ``images`` synthetic train images and of ``captions`` val captions, by a trained model."""
+    import numpy as np
     if cache.is_file():
         z = np.load(cache)
         return z["x"], z["q"]
@@ -206,6 +216,7 @@ def model_vectors(ckpt: str, images: int, captions: int, cache: Path) -> tuple[n
 
 def model_recall(spec: str, x: np.ndarray, q: np.ndarray, k: int, m: int, efc: int, efs: list[int]) -> dict:
     """Recall@k of pgvector's HNSW (m, ef_construction) over ``x`` for queries ``q``, in schema mmgeo_recall."""
+    import numpy as np
     from psycopg import sql
 
     from mmgeo.search.database import Database, vector_text

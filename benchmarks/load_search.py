@@ -44,8 +44,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-
 from benchmarks.harness import ROOT, add_json, alternate, write_json
 
 
@@ -306,6 +304,8 @@ def summarize(rows: list[dict], variants: list[str]) -> None:
 def recall_report(args, index: Path, db_count: int, workdir: Path) -> dict:
     """First-stage recall@100 of the database gallery at each ``--recall-ef`` (the load test's queries, encoded by
     its model), and over a trained model's vectors with ``--recall-ckpt``; printed and returned."""
+    import numpy as np
+
     from benchmarks import load_db
 
     out = {}
