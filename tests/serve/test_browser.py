@@ -62,21 +62,26 @@ def devtools_eval(page_url: str, steps: list[str], timeout: float = 60) -> list:
 
     async def run(ws_url):
         async with websockets.connect(ws_url, max_size=None) as ws:
-            out = []
-            for i, expr in enumerate(steps):
-                await ws.send(json.dumps({"id": i, "method": "Runtime.evaluate",
-                                          "params": {"expression": expr, "awaitPromise": True, "returnByValue": True}}))
-                while True:
+            out, n = [], 0
+            for expr in steps:
+                for _attempt in range(50):  # the page may still be navigating: its first context goes away
+                    n += 1
+                    await ws.send(json.dumps({"id": n, "method": "Runtime.evaluate", "params": {
+                        "expression": expr, "awaitPromise": True, "returnByValue": True}}))
                     msg = json.loads(await ws.recv())
-                    if msg.get("id") == i:
-                        out.append(msg["result"]["result"].get("value"))
+                    while msg.get("id") != n:
+                        msg = json.loads(await ws.recv())
+                    if "context was destroyed" not in msg.get("error", {}).get("message", ""):
                         break
+                    await asyncio.sleep(0.1)
+                assert "result" in msg, msg
+                out.append(msg["result"]["result"].get("value"))
             return out
 
     with tempfile.TemporaryDirectory() as profile:
         proc = subprocess.Popen([CHROMIUM, *[f for f in FLAGS if not f.startswith("--virtual-time")],
                                  f"--user-data-dir={profile}", "--remote-debugging-port=0", page_url],
-                                stderr=subprocess.PIPE, text=True)
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
         try:
             deadline, port = time.monotonic() + timeout, None
             while port is None and time.monotonic() < deadline:
@@ -86,8 +91,26 @@ def devtools_eval(page_url: str, steps: list[str], timeout: float = 60) -> list:
             page = next(t for t in targets if t["type"] == "page")
             return asyncio.run(asyncio.wait_for(run(page["webSocketDebuggerUrl"]), timeout))
         finally:
-            proc.kill()
-            proc.wait()
+            stop_process_group(proc)
+
+
+def stop_process_group(proc: subprocess.Popen, timeout: float = 10) -> None:
+    """SIGKILL Chromium and every process it started (renderer, GPU, crashpad), and wait until all are gone: a
+    child still writing would make the profile folder's removal fail."""
+    import os
+    import signal
+    import time
+
+    pgid = os.getpgid(proc.pid)
+    os.killpg(pgid, signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)  # anyone left in the group?
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
 
 
 def test_page_sends_the_key_it_is_given(serve_env, tmp_path):
