@@ -194,7 +194,8 @@ def _rank_main(rank: int, world: int, folder: str, fn: Callable, args: tuple) ->
 
     from mmgeo.config import is_user_error
 
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    # OMP_NUM_THREADS when set (as torchrun sets it), else the cores shared out among the ranks
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or 0) or max(1, (os.cpu_count() or 1) // world))
     join_group(rank, world, f"file://{folder}/group")
     try:
         out = fn(rank, world, *args)

@@ -3,6 +3,7 @@ processes store the same rows as one — ids, content hashes, metadata, vectors,
 when the first run is killed (SIGKILL of one rank while it stages a batch) and the same command is run again."""
 
 import pytest
+import torch
 
 from serve.cli import main
 
@@ -27,7 +28,14 @@ def test_two_processes_store_the_rows_one_does(serve_env, pg_server, capfd, monk
     one, two = fresh_database(pg_server), fresh_database(pg_server)
     common = ["build", "--ckpt", str(serve_env.ckpt), "--data", "synthetic", "--limit", "14", "--codec", "sq8",
               "--batch-size", "3", "--no-progress"]
-    assert main([*common, "--db", one]) == 0
+    # one thread in every process: the same arithmetic, so the rows can be compared bit for bit on any BLAS
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the spawned ranks inherit it
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert main([*common, "--db", one]) == 0
+    finally:
+        torch.set_num_threads(threads)
     # the first run: rank 1 is killed inside the transaction of its first staged batch; the other rank is stopped
     monkeypatch.setenv("MMGEO_CRASH_AT", "stage.commit@1")  # the spawned ranks inherit it
     capfd.readouterr()
