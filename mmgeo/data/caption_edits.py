@@ -26,7 +26,7 @@ tolerated by the method.
 from __future__ import annotations
 
 import re
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 import numpy as np
 
@@ -186,6 +186,11 @@ def _pick(rng: np.random.Generator, items: Sequence):
     return items[int(rng.integers(len(items)))]
 
 
+def _pick_weighted(rng: np.random.Generator, kinds: Sequence[str], weights: Mapping[str, float]) -> str:
+    w = np.array([float(weights.get(k, 1.0)) for k in kinds])  # (len(kinds),)
+    return kinds[int(rng.choice(len(kinds), p=w / w.sum()))]
+
+
 def _swap_attribute(c: _Caption, rng: np.random.Generator) -> str | None:
     pairs = [(i, j) for cls, pos in c.attributes().items() for a, i in enumerate(pos) for j in pos[a + 1:]
              if ATTRIBUTES[cls][c.words[i]] != ATTRIBUTES[cls][c.words[j]]]
@@ -255,20 +260,37 @@ def edit_caption(caption: str, kind: str, rng: np.random.Generator,
     return _EDITS[kind](_Caption(caption, vocabulary), rng)
 
 
+def check_kind_weights(weights: Mapping[str, float], kinds: Sequence[str] = EDIT_KINDS) -> None:
+    """Raise ValueError unless ``weights`` maps some of ``kinds`` to positive finite numbers."""
+    _check_kinds(list(weights))
+    outside = [k for k in weights if k not in kinds]
+    if outside:
+        raise ValueError(f"edit kind weight(s) for {outside}, which are not among the kinds drawn from {list(kinds)}; "
+                         "add them to the kinds or drop their weights")
+    bad = {k: w for k, w in weights.items() if not (isinstance(w, (int, float)) and 0 < w < float("inf"))}
+    if bad:
+        raise ValueError(f"edit kind weights must be positive numbers, got {bad}")
+
+
 def caption_negatives(caption: str, rng: np.random.Generator, n: int = 1,
-                      kinds: Sequence[str] = EDIT_KINDS, vocabulary: Collection[str] | None = None) -> list[str]:
+                      kinds: Sequence[str] = EDIT_KINDS, vocabulary: Collection[str] | None = None,
+                      weights: Mapping[str, float] | None = None) -> list[str]:
     """Up to ``n`` distinct edited captions, each different from ``caption`` (NegCLIP-style text negatives).
 
-    Each draw picks an edit kind uniformly among those that still apply; fewer than ``n`` come back when
-    the caption offers fewer distinct edits (none for a caption without lexicon words). Deterministic
-    given the state of ``rng``; ``vocabulary`` as in :func:`edit_caption`.
+    Each draw picks an edit kind among those that still apply: uniformly, or in proportion to ``weights``
+    (kind -> relative weight, 1 for a kind not named; e.g. ``{"replace_noun": 3}`` makes noun replacements
+    three times as likely as each other kind). Fewer than ``n`` come back when the caption offers fewer
+    distinct edits (none for a caption without lexicon words). Deterministic given the state of ``rng``
+    (no weights: the same draws as before weights existed); ``vocabulary`` as in :func:`edit_caption`.
     """
     _check_kinds(kinds)
+    if weights:
+        check_kind_weights(weights, kinds)
     c, pool, out = _Caption(caption, vocabulary), list(kinds), []
     for _ in range(4 * n):
         if len(out) >= n or not pool:
             break
-        kind = _pick(rng, pool)
+        kind = _pick_weighted(rng, pool, weights) if weights else _pick(rng, pool)
         neg = _EDITS[kind](c, rng)
         if neg is None:
             pool.remove(kind)  # depends on the words only: it will never apply to this caption

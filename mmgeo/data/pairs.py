@@ -11,7 +11,7 @@ import torch
 from torch.utils.data import Dataset
 
 from mmgeo.data import build_dataset
-from mmgeo.data.caption_edits import EDIT_KINDS, caption_negatives
+from mmgeo.data.caption_edits import EDIT_KINDS, caption_negatives, check_kind_weights
 from mmgeo.data.caption_parts import partial_caption
 
 
@@ -37,14 +37,16 @@ class CaptionPairs(Dataset):
     """(pixels, caption, negatives) of one image, keyed by ``(i, epoch, step)`` from ResumableBatchSampler; the
     caption is one of the image's five, drawn from (seed, epoch, i): a fresh but reproducible choice each
     epoch. ``negatives``: up to ``caption_negatives`` rule-based edits of that caption (NegCLIP-style,
-    ``mmgeo.data.caption_edits``; ``vocabulary`` keeps a word-level tokenizer's words). With
+    ``mmgeo.data.caption_edits``; ``vocabulary`` keeps a word-level tokenizer's words; ``negative_weights``
+    makes some edit kinds likelier). With
     ``hard_negatives`` the image's one-change variant (``dataset.variant(i)``) comes along, so the two
     sit in the same batch as each other's hardest negative. ``partial_captions``: the share of items whose
     caption is cut to one or two of its object phrases (``mmgeo.data.caption_parts``) before its negatives
     are made, so a partial description is a positive and its edits the negatives."""
 
     def __init__(self, dataset, transform, seed: int, hard_negatives: bool = False, caption_negatives: int = 0,
-                 negative_kinds=EDIT_KINDS, vocabulary=None, partial_captions: float = 0.0):
+                 negative_kinds=EDIT_KINDS, vocabulary=None, partial_captions: float = 0.0,
+                 negative_weights: dict[str, float] | None = None):
         if not 0.0 <= partial_captions <= 1.0:
             raise ValueError(f"data.partial_captions={partial_captions} must be a share between 0 and 1")
         if hard_negatives and not hasattr(dataset, "variant"):
@@ -53,6 +55,9 @@ class CaptionPairs(Dataset):
         self.dataset, self.transform, self.seed = dataset, transform, seed
         self.hard_negatives, self.caption_negatives = hard_negatives, caption_negatives
         self.negative_kinds, self.vocabulary = tuple(negative_kinds), vocabulary
+        self.negative_weights = dict(negative_weights or {})
+        if self.negative_weights:
+            check_kind_weights(self.negative_weights, self.negative_kinds)
         self.partial_captions = partial_captions
 
     def __len__(self) -> int:
@@ -73,7 +78,7 @@ class CaptionPairs(Dataset):
             if self.partial_captions and rng.random() < self.partial_captions:  # no draw when off: runs replay
                 caption = partial_caption(caption, rng) or caption
             negatives = caption_negatives(caption, rng, self.caption_negatives, self.negative_kinds,
-                                          self.vocabulary) if self.caption_negatives else []
+                                          self.vocabulary, self.negative_weights) if self.caption_negatives else []
             pairs.append((self.transform(image), caption, negatives))
         return {"pairs": pairs, "index": i, "epoch": epoch, "step": step}
 

@@ -13,7 +13,7 @@ from typing import Annotated, ClassVar
 
 from mmgeo.config import FieldsOf, load_config
 from mmgeo.data import MAX_PIXELS
-from mmgeo.data.caption_edits import EDIT_KINDS
+from mmgeo.data.caption_edits import EDIT_KINDS, check_kind_weights
 from mmgeo.models.config import ModelConfig
 
 
@@ -42,8 +42,14 @@ class DataConfig:
     caption_negatives: int = 0  # rule-based text hard negatives per caption (NegCLIP-style word swaps / replacements /
     # relation flips of the caption itself, mmgeo.data.caption_edits; any dataset), extra negatives of image->text
     negative_kinds: list[str] = field(default_factory=lambda: list(EDIT_KINDS))  # caption edit kinds to draw from
+    negative_weights: dict[str, float] = field(default_factory=dict)  # relative draw weight of edit kinds (1 for
+    # a kind not named), e.g. {replace_noun: 3} for more noun-replacing negatives; empty = uniform
     partial_captions: float = 0.0  # share of items whose caption is cut to a sub-caption of 1-2 of its object
     # phrases (mmgeo.data.caption_parts: text rules, any dataset); its caption negatives edit the sub-caption
+
+    def __post_init__(self):
+        if self.negative_weights:
+            check_kind_weights(self.negative_weights, self.negative_kinds)
 
 
 @dataclass

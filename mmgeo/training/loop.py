@@ -62,7 +62,7 @@ def build_loader(cfg: TrainConfig, module: RetrievalModule, train) -> ResumableL
                          f"{per_item} pair(s) per image{' (data.hard_negatives)' if per_item == 2 else ''}")
     vocabulary = module.model.cfg.text_vocab  # a word-level tokenizer: negatives must not bring unknown words
     pairs = CaptionPairs(train, module.model.preprocess, t.seed, cfg.data.hard_negatives, cfg.data.caption_negatives,
-                         cfg.data.negative_kinds, vocabulary, cfg.data.partial_captions)
+                         cfg.data.negative_kinds, vocabulary, cfg.data.partial_captions, cfg.data.negative_weights)
     if isinstance(train, ShardSource):
         stream = ShardPairs(train, pairs, Collate(module.model.tokenize), t.batch_size // world, t.seed)
         return ShardLoader(stream, t.batch_size, cfg.data.num_workers)

@@ -1,6 +1,7 @@
 """Caption hard negatives in training: made from the caption text alone, batched after the captions."""
 
 import numpy as np
+import pytest
 import torch
 
 from mmgeo.data import ShapesWorld
@@ -68,3 +69,29 @@ def test_partial_captions_cut_the_caption_before_its_negatives_are_made():
     assert n_cut >= 8
     with np.testing.assert_raises(ValueError):
         make(1.5)
+
+
+def test_negative_weights_reach_the_pairs_and_a_bad_config_is_refused():
+    """data.negative_weights makes noun replacements the common negative; a weight for an unknown kind is refused
+    when the config is read."""
+    world = ShapesWorld("train", size=16, image_size=32)
+    make = lambda weights: CaptionPairs(world, lambda im: torch.zeros(3, 32, 32), seed=0, caption_negatives=1,  # noqa: E731
+                                        vocabulary=ShapesWorld.vocabulary(), negative_weights=weights)
+    shapes = set("circle square triangle diamond".split())
+
+    def noun_changes(pairs):
+        out = 0
+        for i in range(16):
+            (_, caption, negatives), = pairs[(i, 0, 0)]["pairs"]
+            named = lambda text: sorted(w for w in text.split() if w in shapes)  # noqa: E731
+            out += sum(named(neg) != named(caption) for neg in negatives)
+        return out
+
+    assert noun_changes(make({"replace_noun": 50})) >= 14 > noun_changes(make(None))
+
+    from mmgeo.training.config import load_train_config
+
+    assert load_train_config("configs/synthetic.yaml", ["--data.negative_weights", "{replace_noun: 3}"]).data \
+        .negative_weights == {"replace_noun": 3}
+    with pytest.raises(ValueError, match="replace_nouns"):
+        load_train_config("configs/synthetic.yaml", ["--data.negative_weights", "{replace_nouns: 2}"])

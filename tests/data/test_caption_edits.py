@@ -169,3 +169,24 @@ def test_negatives_are_distinct_differ_and_are_deterministic():
     assert all(_bag(n) == _bag(FLICKR[0]) for n in only_swaps) and len(only_swaps) >= 2
     seeds = {tuple(caption_negatives(FLICKR[2], np.random.default_rng(s), n=2)) for s in range(10)}
     assert len(seeds) > 1  # the seed matters
+
+
+def test_kind_weights_make_a_kind_likelier_and_bad_weights_are_refused():
+    caption = "a big purple circle in the top right"  # replace_attribute, replace_noun, flip_relation apply
+
+    def shape_share(weights):
+        negs = [caption_negatives(caption, np.random.default_rng(s), n=1, weights=weights)[0] for s in range(400)]
+        return sum("circle" not in neg for neg in negs) / len(negs)
+
+    assert 0.2 < shape_share(None) < 0.5  # uniform over the three kinds that apply
+    assert shape_share({"replace_noun": 20}) > 0.8  # 20 / 22 expected
+    assert shape_share({"flip_relation": 20}) < 0.15
+    # no weights: the very draws of the uniform code path (runs made before weights replay)
+    assert caption_negatives(caption, np.random.default_rng(3), n=2) == \
+        caption_negatives(caption, np.random.default_rng(3), n=2, weights={})
+    for weights, words in [({"replace_nouns": 2}, "unknown caption edit kind"), ({"replace_noun": 0}, "positive"),
+                           ({"replace_noun": float("nan")}, "positive")]:
+        with pytest.raises(ValueError, match=words):
+            caption_negatives(caption, np.random.default_rng(0), n=1, weights=weights)
+    with pytest.raises(ValueError, match="not among the kinds"):
+        caption_negatives(caption, np.random.default_rng(0), n=1, kinds=SWAPS, weights={"replace_noun": 2})
