@@ -33,7 +33,7 @@ def server(serve_env):
 
 
 def chromium(*args, timeout=60) -> subprocess.CompletedProcess:
-    with tempfile.TemporaryDirectory() as profile:
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as profile:  # a straggler may write late
         return subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={profile}", *args], capture_output=True,
                               text=True, timeout=timeout)
 
@@ -78,7 +78,7 @@ def devtools_eval(page_url: str, steps: list[str], timeout: float = 60) -> list:
                 out.append(msg["result"]["result"].get("value"))
             return out
 
-    with tempfile.TemporaryDirectory() as profile:
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as profile:  # a straggler may write late
         proc = subprocess.Popen([CHROMIUM, *[f for f in FLAGS if not f.startswith("--virtual-time")],
                                  f"--user-data-dir={profile}", "--remote-debugging-port=0", page_url],
                                 stderr=subprocess.PIPE, text=True, start_new_session=True)
