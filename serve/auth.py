@@ -23,6 +23,7 @@ import re
 import secrets
 import threading
 import time
+from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -113,14 +114,15 @@ def id_of(token: str | None) -> str | None:
     return m.group(1) if m else None
 
 
-class KeyStore:
-    """Records by id; subclasses load them (``_load``) and add, revoke and charge them."""
+class KeyStore(ABC):
+    """Records by id; subclasses (FileKeys, serve.db_keys.DbKeys) fill ``records`` and add, revoke and charge
+    them."""
 
     def __init__(self):
         self.records: dict[str, KeyRecord] = {}
         self.lock = threading.Lock()
 
-    def refresh(self) -> None:
+    def refresh(self) -> None:  # noqa: B027 - a hook: a store read once (DbKeys) keeps this no-op
         """Read the records again if they changed (cheap when they did not)."""
 
     def verify(self, token: str | None) -> KeyRecord:
@@ -146,15 +148,17 @@ class KeyStore:
         self.refresh()
         return self.records.get(key_id)
 
+    @abstractmethod
     def charge(self, key_id: str, nbytes: int, images: int) -> None:
         """Count an upload against the key's quotas; AuthError 403 (nothing counted) when it would pass one."""
-        raise NotImplementedError
 
+    @abstractmethod
     def add(self, record: KeyRecord) -> None:
-        raise NotImplementedError
+        """Store a new record."""
 
+    @abstractmethod
     def revoke(self, key_id: str) -> KeyRecord:
-        raise NotImplementedError
+        """Mark the key revoked; its record as now stored."""
 
     def list(self) -> list[KeyRecord]:
         self.refresh()
