@@ -11,7 +11,7 @@ import torch
 from torch.utils.data import Dataset
 
 from mmgeo.data import build_dataset
-from mmgeo.data.caption_edits import EDIT_KINDS, caption_negatives, check_kind_weights
+from mmgeo.data.caption_edits import EDIT_KINDS, caption_negatives
 from mmgeo.data.caption_parts import partial_caption
 
 
@@ -55,9 +55,7 @@ class CaptionPairs(Dataset):
         self.dataset, self.transform, self.seed = dataset, transform, seed
         self.hard_negatives, self.caption_negatives = hard_negatives, caption_negatives
         self.negative_kinds, self.vocabulary = tuple(negative_kinds), vocabulary
-        self.negative_weights = dict(negative_weights or {})
-        if self.negative_weights:
-            check_kind_weights(self.negative_weights, self.negative_kinds)
+        self.negative_weights = dict(negative_weights or {})  # checked by caption_negatives (and the config)
         self.partial_captions = partial_captions
 
     def __len__(self) -> int:

@@ -78,14 +78,11 @@ def test_negative_weights_reach_the_pairs_and_a_bad_config_is_refused():
     make = lambda weights: CaptionPairs(world, lambda im: torch.zeros(3, 32, 32), seed=0, caption_negatives=1,  # noqa: E731
                                         vocabulary=ShapesWorld.vocabulary(), negative_weights=weights)
     shapes = set("circle square triangle diamond".split())
+    named = lambda text: sorted(w for w in text.split() if w in shapes)  # noqa: E731  the shape words of a caption
 
-    def noun_changes(pairs):
-        out = 0
-        for i in range(16):
-            (_, caption, negatives), = pairs[(i, 0, 0)]["pairs"]
-            named = lambda text: sorted(w for w in text.split() if w in shapes)  # noqa: E731
-            out += sum(named(neg) != named(caption) for neg in negatives)
-        return out
+    def noun_changes(pairs):  # negatives whose shape words differ from their caption's
+        items = [pairs[(i, 0, 0)]["pairs"][0] for i in range(16)]
+        return sum(named(neg) != named(caption) for _, caption, negatives in items for neg in negatives)
 
     assert noun_changes(make({"replace_noun": 50})) >= 14 > noun_changes(make(None))
 
