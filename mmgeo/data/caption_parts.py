@@ -35,7 +35,8 @@ _ANAPHORA = {"it", "them"}
 _PUNCT = re.compile(r"\s*([,;:])\s*")
 
 
-def _words(caption: str) -> list[str]:
+def caption_words(caption: str) -> list[str]:
+    """The caption's words, punctuation (",", ";", ":") split off as words of its own, a final full stop dropped."""
     return _PUNCT.sub(r" \1 ", caption.strip().rstrip(".")).split()
 
 
@@ -53,7 +54,7 @@ def _noun_at(piece: list[str]) -> int | None:
 
 def object_phrases(caption: str) -> list[str]:
     """The caption's object phrases in order (module docstring); one phrase when it names one thing."""
-    words = _strip_prefix(_words(caption))
+    words = _strip_prefix(caption_words(caption))
     pieces: list[tuple[str | None, list[str]]] = [(None, [])]  # (separator before it, its words)
     for i, w in enumerate(words):
         nxt = words[i + 1].lower() if i + 1 < len(words) else ""

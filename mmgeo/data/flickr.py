@@ -201,6 +201,10 @@ class Flickr30K:
             raise RuntimeError(f"image {key!r} of {self.root!r} was valid when the dataset was indexed but cannot "
                                f"be read now ({err}); rebuild the dataset") from err
 
+    def captions(self, i: int) -> list[str]:
+        """``self[i][1]`` without reading the image."""
+        return list(self.items[i][1])
+
     @property
     def num_captions(self) -> int:
         return sum(len(c) for _, c in self.items)

@@ -12,6 +12,7 @@ from torch.utils.data import Dataset
 
 from mmgeo.data import build_dataset
 from mmgeo.data.caption_edits import EDIT_KINDS, caption_negatives
+from mmgeo.data.caption_groups import phrase_words, true_pairs
 from mmgeo.data.caption_parts import partial_caption
 
 
@@ -42,11 +43,13 @@ class CaptionPairs(Dataset):
     ``hard_negatives`` the image's one-change variant (``dataset.variant(i)``) comes along, so the two
     sit in the same batch as each other's hardest negative. ``partial_captions``: the share of items whose
     caption is cut to one or two of its object phrases (``mmgeo.data.caption_parts``) before its negatives
-    are made, so a partial description is a positive and its edits the negatives."""
+    are made, so a partial description is a positive and its edits the negatives. ``caption_truth``: each pair
+    carries the phrases of its caption and of all its image's captions, so ``Collate`` can tell which captions
+    are true of other images of the batch (``mmgeo.data.caption_groups``)."""
 
     def __init__(self, dataset, transform, seed: int, hard_negatives: bool = False, caption_negatives: int = 0,
                  negative_kinds=EDIT_KINDS, vocabulary=None, partial_captions: float = 0.0,
-                 negative_weights: dict[str, float] | None = None):
+                 negative_weights: dict[str, float] | None = None, caption_truth: bool = False):
         if not 0.0 <= partial_captions <= 1.0:
             raise ValueError(f"data.partial_captions={partial_captions} must be a share between 0 and 1")
         if hard_negatives and not hasattr(dataset, "variant"):
@@ -56,7 +59,7 @@ class CaptionPairs(Dataset):
         self.hard_negatives, self.caption_negatives = hard_negatives, caption_negatives
         self.negative_kinds, self.vocabulary = tuple(negative_kinds), vocabulary
         self.negative_weights = dict(negative_weights or {})  # checked by caption_negatives (and the config)
-        self.partial_captions = partial_captions
+        self.partial_captions, self.caption_truth = partial_captions, caption_truth
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -70,7 +73,7 @@ class CaptionPairs(Dataset):
         """The item of ``samples`` ((image, captions), and its variant with hard negatives) of sample ``i``: the
         one path of map-style data and of shard streams (``mmgeo.data.shard_stream``)."""
         rng = np.random.default_rng([self.seed, epoch, i])
-        pairs = []
+        pairs, truth = [], []
         for image, captions in samples:
             caption = captions[rng.integers(len(captions))]
             if self.partial_captions and rng.random() < self.partial_captions:  # no draw when off: runs replay
@@ -78,12 +81,16 @@ class CaptionPairs(Dataset):
             negatives = caption_negatives(caption, rng, self.caption_negatives, self.negative_kinds,
                                           self.vocabulary, self.negative_weights) if self.caption_negatives else []
             pairs.append((self.transform(image), caption, negatives))
-        return {"pairs": pairs, "index": i, "epoch": epoch, "step": step}
+            if self.caption_truth:
+                truth.append((phrase_words(caption), [p for c in captions for p in phrase_words(c)]))
+        item = {"pairs": pairs, "index": i, "epoch": epoch, "step": step}
+        return {**item, "truth": truth} if self.caption_truth else item
 
 
 class Collate:
     """Items -> one batch: pixels (B, 3, H, W), the B captions then every negative caption tokenised together
-    (``input_ids`` / ``attention_mask`` (B + N_neg, T)); ``num_captions`` = B."""
+    (``input_ids`` / ``attention_mask`` (B + N_neg, T)); ``num_captions`` = B; with items that carry caption
+    truth (``CaptionPairs(caption_truth=True)``), ``positives`` (B, B) bool: caption i true of image j, i ≠ j."""
 
     def __init__(self, tokenize):
         self.tokenize = tokenize
@@ -96,6 +103,10 @@ class Collate:
             raise RuntimeError(f"one batch mixes (epoch, step) {sorted(steps)}: the batch sampler is broken")
         epoch, step = steps.pop()
         texts = [c for _, c, _ in pairs] + [n for _, _, negs in pairs for n in negs]
-        return {**self.tokenize(texts), "pixels": pixels, "num_captions": torch.tensor(len(pairs)),
+        extra = {}
+        if "truth" in batch[0]:
+            truth = [t for item in batch for t in item["truth"]]
+            extra["positives"] = true_pairs([c for c, _ in truth], [im for _, im in truth])  # (B, B)
+        return {**self.tokenize(texts), **extra, "pixels": pixels, "num_captions": torch.tensor(len(pairs)),
                 "index": torch.tensor([item["index"] for item in batch]),  # (B_items,) dataset indices
                 "epoch": torch.tensor(epoch), "step": torch.tensor(step)}

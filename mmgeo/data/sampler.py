@@ -6,6 +6,10 @@ takes the contiguous slice ``[r·G/W, (r+1)·G/W)``. The W local batches in rank
 the batch one process would see, and the order depends on nothing but (seed, epoch, step): resuming at
 global step s continues with the same samples, none repeated, none skipped.
 
+With ``neighbours`` (``mmgeo.data.caption_groups``) the epoch's permutation is regrouped into consecutive groups
+of ``group`` caption neighbours (still a permutation drawn from ``(seed, epoch)``), so each rank's batch holds
+whole groups when ``group`` divides it.
+
 The sampler yields keys ``(item, epoch, step)`` — datasets use ``epoch`` for per-epoch choices (which
 caption) and the training step checks ``step`` against its own counter.
 """
@@ -25,11 +29,15 @@ class ResumableBatchSampler(Sampler):
     ``load_state_dict`` record and restore the position (epoch, global step)."""
 
     def __init__(self, num_items: int, global_batch: int, seed: int = 0, rank: int | None = None,
-                 world: int | None = None):
+                 world: int | None = None, neighbours: np.ndarray | None = None, group: int = 1):
         if global_batch <= 0 or num_items < global_batch:
             raise ValueError(f"need at least one full global batch: {num_items} items, global batch {global_batch}; "
                              "lower trainer.batch_size or use more data")
+        if neighbours is not None and (group < 2 or global_batch % group or len(neighbours) != num_items):
+            raise ValueError(f"caption groups of {group} need group ≥ 2 dividing the global batch {global_batch} and "
+                             f"one neighbour row per item ({len(neighbours)} rows, {num_items} items)")
         self.num_items, self.global_batch, self.seed = num_items, global_batch, seed
+        self.neighbours, self.group = neighbours, group
         self._rank, self._world = rank, world
         self.epoch, self._resume_step = 0, None
 
@@ -55,7 +63,13 @@ class ResumableBatchSampler(Sampler):
         return self
 
     def permutation(self, epoch: int) -> np.ndarray:
-        return np.random.default_rng([self.seed, epoch]).permutation(self.num_items)  # (N,)
+        rng = np.random.default_rng([self.seed, epoch])
+        perm = rng.permutation(self.num_items)  # (N,)
+        if self.neighbours is None:
+            return perm
+        from mmgeo.data.caption_groups import grouped_order
+
+        return grouped_order(perm, self.neighbours, self.group, rng)  # (N,) groups of caption neighbours
 
     def __len__(self) -> int:
         return self.steps_per_epoch
@@ -65,6 +79,10 @@ class ResumableBatchSampler(Sampler):
         if self.global_batch % world:
             raise ValueError(f"global batch {self.global_batch} does not split over {world} ranks; "
                              f"make trainer.batch_size a multiple of devices × nodes")
+        if self.neighbours is not None and (self.global_batch // world) % self.group:
+            raise ValueError(f"caption groups of {self.group} do not fill a local batch of "
+                             f"{self.global_batch // world}; make data.caption_groups divide "
+                             "trainer.batch_size / (devices × nodes)")
         local, spe = self.global_batch // world, self.steps_per_epoch
         first = 0
         if self._resume_step is not None:
@@ -79,11 +97,14 @@ class ResumableBatchSampler(Sampler):
 
     def state_dict(self, step: int) -> dict:
         """The position after ``step`` consumed global batches, plus what the order depends on."""
-        return {"step": step, "epoch": step // self.steps_per_epoch, "seed": self.seed,
-                "global_batch": self.global_batch, "num_items": self.num_items}
+        state = {"step": step, "epoch": step // self.steps_per_epoch, "seed": self.seed,
+                 "global_batch": self.global_batch, "num_items": self.num_items}
+        return state if self.neighbours is None else {**state, "group": self.group}
 
     def load_state_dict(self, state: dict) -> None:
         mine = {"seed": self.seed, "global_batch": self.global_batch, "num_items": self.num_items}
+        if self.neighbours is not None or "group" in state:
+            mine["group"] = self.group if self.neighbours is not None else None
         theirs = {k: state.get(k) for k in mine}
         if mine != theirs:
             raise ValueError(f"cannot resume this data order: the checkpoint was written with {theirs}, this run has "

@@ -61,6 +61,7 @@ HELDOUT_COMBOS = (("red", "triangle"), ("green", "diamond"), ("blue", "circle"),
                   ("purple", "diamond"), ("orange", "triangle"))
 _ALLOWED_COLORS = {s: tuple(c for c in COLORS if (c, s) not in HELDOUT_COMBOS) for s in SHAPES}
 _HELDOUT_STREAM = 4  # side rng stream default_rng([seed, split, idx, 4]); 1, 2: ShapesWorld, 3: scene_edits
+_SS = 4  # supersampling factor of the drawing: anti-aliased edges
 _N_OBJECTS_P = (0.04, 0.32, 0.32, 0.32)  # probability of 1, 2, 3, 4 objects
 
 
@@ -186,6 +187,13 @@ class ShapesWorld:
         rng = np.random.default_rng([self.seed, SPLIT_IDS[self.split], idx, 1])  # drawing + wording
         return self._render(objects, rng), self._captions(objects, rng)
 
+    def captions(self, idx: int) -> list[str]:
+        """``self[idx][1]`` without drawing the image (the same random draws, none of the pixels)."""
+        objects = self.scene(idx)
+        rng = np.random.default_rng([self.seed, SPLIT_IDS[self.split], idx, 1])  # as in __getitem__
+        self._layout(objects, rng)
+        return self._captions(objects, rng)
+
     def variant(self, idx: int) -> tuple[Image.Image, list[str]]:
         """A hard negative for image ``idx``: its scene with one thing changed (a colour, a shape, a
         size, a position, or two objects' colours or places swapped), drawn and captioned anew.
@@ -217,30 +225,36 @@ class ShapesWorld:
         return self._captions(objects, np.random.Generator(bit_generator))
 
     # ---------------------------------------------------------------- drawing
-    def _render(self, objects: list[ShapeObject], rng: np.random.Generator) -> Image.Image:
-        ss = 4  # supersampling factor for anti-aliased edges
-        side = self.image_size * ss
+    def _layout(self, objects: list[ShapeObject], rng: np.random.Generator) -> tuple:
+        """Every random draw of a drawing, in order: background, then per object (radius, centre, colour)."""
+        cell = self.image_size * _SS / 3
         bg = tuple(int(v) for v in 225 + rng.integers(-20, 21, size=3))
-        img = Image.new("RGB", (side, side), bg)
-        draw = ImageDraw.Draw(img)
-        cell = side / 3
+        shapes = []
         for obj in objects:
             radius = cell * (0.24 if obj.size == "small" else 0.42) * rng.uniform(0.92, 1.08)
             jitter = max(0.0, cell * 0.47 - radius)  # keep the shape inside its cell
             cy = (obj.cell[0] + 0.5) * cell + rng.uniform(-jitter, jitter)
             cx = (obj.cell[1] + 0.5) * cell + rng.uniform(-jitter, jitter)
             color = tuple(int(np.clip(c + rng.integers(-15, 16), 0, 255)) for c in COLORS[obj.color])
-            r = radius
-            if obj.shape == "circle":
+            shapes.append((obj.shape, radius, cx, cy, color))
+        return bg, shapes
+
+    def _render(self, objects: list[ShapeObject], rng: np.random.Generator) -> Image.Image:
+        side = self.image_size * _SS
+        bg, shapes = self._layout(objects, rng)
+        img = Image.new("RGB", (side, side), bg)
+        draw = ImageDraw.Draw(img)
+        for shape, r, cx, cy, color in shapes:
+            if shape == "circle":
                 draw.ellipse([cx - r, cy - r, cx + r, cy + r], fill=color)
-            elif obj.shape == "square":
+            elif shape == "square":
                 s = r * 0.85
                 draw.rectangle([cx - s, cy - s, cx + s, cy + s], fill=color)
-            elif obj.shape == "triangle":
+            elif shape == "triangle":
                 draw.polygon([(cx, cy - r), (cx - r, cy + r * 0.8), (cx + r, cy + r * 0.8)], fill=color)
             else:  # diamond
                 draw.polygon([(cx, cy - r), (cx + r * 0.75, cy), (cx, cy + r), (cx - r * 0.75, cy)], fill=color)
-        return img.reduce(ss)  # box-filter average of ss×ss blocks: anti-aliased, 10× cheaper than LANCZOS
+        return img.reduce(_SS)  # box-filter average of ss×ss blocks: anti-aliased, 10× cheaper than LANCZOS
 
     # ---------------------------------------------------------------- captions
     @staticmethod

@@ -46,8 +46,14 @@ class DataConfig:
     # a kind not named), e.g. {replace_noun: 3} for more noun-replacing negatives; empty = uniform
     partial_captions: float = 0.0  # share of items whose caption is cut to a sub-caption of 1-2 of its object
     # phrases (mmgeo.data.caption_parts: text rules, any dataset); its caption negatives edit the sub-caption
+    caption_groups: int = 0  # batches made of groups of this many images whose captions read alike (TF-IDF
+    # neighbours, mmgeo.data.caption_groups; map-style data); 0 = random batches. Must divide the batch per device
+    mask_true_captions: bool = False  # a caption true of another image of its batch (by text rules,
+    # mmgeo.data.caption_groups) is not that image's negative; sub-captions and caption groups make such pairs
 
     def __post_init__(self):
+        if self.caption_groups < 0 or self.caption_groups == 1:
+            raise ValueError(f"data.caption_groups={self.caption_groups}: use 0 (random batches) or a group size ≥ 2")
         if self.negative_weights:
             check_kind_weights(self.negative_weights, self.negative_kinds)
 

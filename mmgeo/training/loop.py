@@ -23,6 +23,7 @@ import yaml
 from torch.utils.data import DataLoader
 
 from mmgeo.config import CliParser, to_dict
+from mmgeo.data.caption_groups import dataset_neighbours
 from mmgeo.data.pairs import CaptionPairs, Collate, open_split
 from mmgeo.data.sampler import ResumableBatchSampler, SampleLog
 from mmgeo.data.shard_stream import ShardLoader, ShardPairs, ShardSource
@@ -61,12 +62,19 @@ def build_loader(cfg: TrainConfig, module: RetrievalModule, train) -> ResumableL
         raise SystemExit(f"trainer.batch_size={t.batch_size} must split into {world} device(s) × "
                          f"{per_item} pair(s) per image{' (data.hard_negatives)' if per_item == 2 else ''}")
     vocabulary = module.model.cfg.text_vocab  # a word-level tokenizer: negatives must not bring unknown words
+    groups = cfg.data.caption_groups
+    if groups and (isinstance(train, ShardSource) or (t.batch_size // (per_item * world)) % groups):
+        raise SystemExit(f"data.caption_groups={groups} needs map-style data (not shards) and must divide the "
+                         f"{t.batch_size // (per_item * world)} images per device of a batch; set it to 0 or a divisor")
     pairs = CaptionPairs(train, module.model.preprocess, t.seed, cfg.data.hard_negatives, cfg.data.caption_negatives,
-                         cfg.data.negative_kinds, vocabulary, cfg.data.partial_captions, cfg.data.negative_weights)
+                         cfg.data.negative_kinds, vocabulary, cfg.data.partial_captions, cfg.data.negative_weights,
+                         caption_truth=cfg.data.mask_true_captions)
     if isinstance(train, ShardSource):
         stream = ShardPairs(train, pairs, Collate(module.model.tokenize), t.batch_size // world, t.seed)
         return ShardLoader(stream, t.batch_size, cfg.data.num_workers)
-    sampler = ResumableBatchSampler(len(pairs), t.batch_size // per_item, seed=t.seed)
+    neighbours = dataset_neighbours(train, 4 * groups) if groups else None  # (N, 4·group) nearest captions
+    sampler = ResumableBatchSampler(len(pairs), t.batch_size // per_item, seed=t.seed, neighbours=neighbours,
+                                    group=groups or 1)
     return ResumableLoader(pairs, batch_sampler=sampler, num_workers=cfg.data.num_workers,
                            collate_fn=Collate(module.model.tokenize))
 

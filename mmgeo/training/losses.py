@@ -6,12 +6,19 @@ import torch
 import torch.nn.functional as F
 
 
-def infonce(text_logits: torch.Tensor, image_logits: torch.Tensor, offset: int = 0) -> torch.Tensor:
+def infonce(text_logits: torch.Tensor, image_logits: torch.Tensor, offset: int = 0,
+            positives: torch.Tensor | None = None) -> torch.Tensor:
     """Mean of text->image and image->text cross-entropy over B local pairs.
 
-    text_logits (B, N): the B captions against N images; image_logits (B, N): the B images against N
-    captions; the positive of pair i sits in column ``offset + i`` of both.
+    text_logits (B, N): the B captions against N images; image_logits (B, N'): the B images against N'
+    captions; the positive of pair i sits in column ``offset + i`` of both. ``positives`` (B, B) bool, caption i
+    true of image j (i ≠ j, ``mmgeo.data.caption_groups``): those pairs are left out of both sides' negatives.
     """
+    if positives is not None and bool(positives.any()):
+        B = len(positives)
+        text_logits, image_logits = text_logits.clone(), image_logits.clone()
+        text_logits[:, offset:offset + B] = text_logits[:, offset:offset + B].masked_fill(positives, float("-inf"))
+        image_logits[:, offset:offset + B] = image_logits[:, offset:offset + B].masked_fill(positives.T, float("-inf"))
     target = torch.arange(text_logits.shape[0], device=text_logits.device) + offset
     return 0.5 * (F.cross_entropy(text_logits, target) + F.cross_entropy(image_logits, target))
 
@@ -36,9 +43,11 @@ def distillation(text_side: dict[str, torch.Tensor], image_side: dict[str, torch
 
 
 def _loss(text_side: dict[str, torch.Tensor], image_side: dict[str, torch.Tensor], global_weight: float,
-          distill_weight: float = 0.0, offset: int = 0) -> dict[str, torch.Tensor]:
-    """InfoNCE per score on (texts against images, images against texts), combined; plus distillation."""
-    terms = {k: infonce(text_side[k], image_side[k], offset) for k in text_side}
+          distill_weight: float = 0.0, offset: int = 0,
+          positives: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """InfoNCE per score on (texts against images, images against texts), combined; plus distillation (over
+    every pair: the teacher ranking another true image high is right)."""
+    terms = {k: infonce(text_side[k], image_side[k], offset, positives) for k in text_side}
     out = {"loss_global": terms["global"]}
     if "geometric" not in terms:
         out["loss"] = terms["global"]
@@ -53,24 +62,25 @@ def _loss(text_side: dict[str, torch.Tensor], image_side: dict[str, torch.Tensor
 
 def retrieval_loss(logits: dict[str, torch.Tensor], global_weight: float = 1.0,
                    negative_logits: dict[str, torch.Tensor] | None = None,
-                   distill_weight: float = 0.0) -> dict[str, torch.Tensor]:
+                   distill_weight: float = 0.0, positives: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """docs/design.md §2: InfoNCE on the geometric score + λ · InfoNCE on the global score (+ distillation).
 
     ``logits`` from ``GeoRetriever.logits`` (B, B); returns {"loss", "loss_geometric"?, "loss_global",
     "loss_distill"?}. ``negative_logits`` (N_neg, B): extra captions (hard negatives) against the B images; they
     join the image->text side only, as NegCLIP does (Yuksekgonul et al., ICLR 2023). A global-only model (CLIP
     baseline) trains on the global term alone, at weight 1. ``distill_weight``: weight of ``distillation``.
+    ``positives`` (B, B) bool: caption i true of image j, left out of the negatives (``infonce``).
     """
     for v in logits.values():
         if v.dim() != 2 or v.shape[0] != v.shape[1]:
             raise ValueError(f"the retrieval loss needs square (B, B) logit matrices, got {tuple(v.shape)}")
     image_side = {k: (v if negative_logits is None else torch.cat([v, negative_logits[k]])).T
                   for k, v in logits.items()}
-    return _loss(logits, image_side, global_weight, distill_weight)
+    return _loss(logits, image_side, global_weight, distill_weight, positives=positives)
 
 
 def contrastive_loss(model, text, image, global_weight: float = 1.0, local_loss: bool = False,
-                     negatives=None, distill_weight: float = 0.0) -> dict:
+                     negatives=None, distill_weight: float = 0.0, positives: torch.Tensor | None = None) -> dict:
     """The retrieval loss over the *global* batch when training on several ranks (open_clip's ClipLoss).
 
     ``text``/``image``: this rank's Embeddings (B local pairs). On one process it is ``retrieval_loss``.
@@ -90,9 +100,13 @@ def contrastive_loss(model, text, image, global_weight: float = 1.0, local_loss:
     (``retrieval_loss``). On several ranks they are gathered like the captions (``gather_ragged``: ranks may
     hold different numbers), so every image meets every negative of the global batch, as on one process.
 
+    ``positives`` (B, B) bool: this rank's captions true of this rank's other images (``infonce``); on several
+    ranks pairs across ranks are not known and stay negatives (caption groups never span ranks).
+
     Limits: equal local batch sizes; dropout draws differ from a single process (each rank its own masks).
     """
     from mmgeo.training.distributed import (
+        all_gather_no_grad,
         check_equal_batches,
         gather_embedding,
         gather_ragged,
@@ -103,7 +117,7 @@ def contrastive_loss(model, text, image, global_weight: float = 1.0, local_loss:
     rank, world = rank_and_world()
     if world == 1:
         neg = None if negatives is None or len(negatives) == 0 else model.logits(negatives, image)  # (N_neg, B)
-        return retrieval_loss(model.logits(text, image), global_weight, neg, distill_weight)
+        return retrieval_loss(model.logits(text, image), global_weight, neg, distill_weight, positives)
     B = len(text)
     check_equal_batches(B, text.pooled.device)
     all_text, all_image = gather_embedding(text), gather_embedding(image)  # (W·B, ...)
@@ -111,10 +125,13 @@ def contrastive_loss(model, text, image, global_weight: float = 1.0, local_loss:
     all_neg = gather_ragged(negatives) if has_neg else None  # (Σ N_neg, ...) every rank's negatives
     if not local_loss:
         neg = model.logits(all_neg, all_image) if has_neg else None  # (Σ N_neg, W·B)
-        return retrieval_loss(model.logits(all_text, all_image), global_weight, neg, distill_weight)
+        blocks = None if positives is None else torch.block_diag(
+            *all_gather_no_grad(positives.unsqueeze(0).to(torch.uint8)).bool())  # (W·B, W·B): pairs within a rank
+        return retrieval_loss(model.logits(all_text, all_image), global_weight, neg, distill_weight, blocks)
     text_side = model.logits(text, all_image)  # each (B, W·B): local captions vs all images
     image_side = model.logits(all_text, image)  # each (W·B, B): all captions vs local images
     if has_neg:
         neg = model.logits(all_neg, image)  # (Σ N_neg, B): every negative vs local images
         image_side = {k: torch.cat([v, neg[k]]) for k, v in image_side.items()}
-    return _loss(text_side, {k: v.T for k, v in image_side.items()}, global_weight, distill_weight, offset=rank * B)
+    return _loss(text_side, {k: v.T for k, v in image_side.items()}, global_weight, distill_weight, offset=rank * B,
+                 positives=positives)

@@ -26,6 +26,7 @@ def test_every_layout_yields_images_with_all_their_captions(layout, split):
     image, captions = ds[0]
     assert isinstance(image, Image.Image) and image.mode == "RGB" and image.size == (40, 48)
     assert len(captions) == 5 and all(c.strip() for c in captions)
+    assert ds.captions(0) == captions  # the same captions without reading the image
 
 
 def test_bad_samples_are_skipped_counted_and_logged(layout, caplog):

@@ -44,6 +44,42 @@ def test_batch_must_split_over_devices_and_variants():
         build_loader(cfg, RetrievalModule(cfg), open_split(cfg.data, "train", 8, 32))
 
 
+def test_caption_groups_make_batches_of_neighbours_and_mark_true_captions():
+    """data.caption_groups 4 over 64 shapes images: batches are groups of caption neighbours, and with
+    mask_true_captions the batch says which captions are true of which other images (the caption's own words)."""
+    from mmgeo.data.caption_groups import caption_true_of, phrase_words
+
+    cfg = load_train_config("configs/synthetic.yaml", TINY_ARGS + [
+        "--trainer.batch_size", "8", "--data.num_workers", "0", "--data.caption_groups", "4",
+        "--data.mask_true_captions", "true", "--data.partial_captions", "1.0", "--data.caption_negatives", "0"])
+    module = RetrievalModule(cfg)
+    train = open_split(cfg.data, "train", 64, 32)
+    loader = build_loader(cfg, module, train)
+    assert loader.batch_sampler.group == 4 and loader.batch_sampler.neighbours.shape == (64, 16)
+    seen, near = 0, 0
+    for batch in loader:
+        items = batch["index"].tolist()
+        near += sum(all(b in loader.batch_sampler.neighbours[g[0]] for b in g[1:]) for g in (items[:4], items[4:]))
+        epoch, step = int(batch["epoch"]), int(batch["step"])
+        captions = [loader.dataset[(i, epoch, step)]["pairs"][0][1] for i in items]  # the captions drawn
+        images = [[p for c in train.captions(i) for p in phrase_words(c)] for i in items]
+        expect = [[i != j and caption_true_of(phrase_words(captions[i]), images[j]) for j in range(8)]
+                  for i in range(8)]
+        assert batch["positives"].tolist() == expect
+        seen += int(batch["positives"].sum())
+    assert seen > 0  # sub-captions of neighbours are often true of each other
+    assert near >= 12  # of 16 groups: most are an anchor and its listed neighbours (late ones may be pooled)
+
+
+def test_caption_groups_are_refused_where_they_cannot_hold():
+    cfg = load_train_config("configs/synthetic.yaml", TINY_ARGS + ["--trainer.batch_size", "6",
+                                                                    "--data.caption_groups", "4"])
+    with pytest.raises(SystemExit, match="data.caption_groups=4 needs map-style data .* must divide the 6 images"):
+        build_loader(cfg, RetrievalModule(cfg), open_split(cfg.data, "train", 8, 32))
+    with pytest.raises(ValueError, match="caption_groups=1: use 0"):
+        load_train_config("configs/synthetic.yaml", ["--data.caption_groups", "1"])
+
+
 def test_resume_names_a_missing_checkpoint(tmp_path):
     assert resume_checkpoint(tmp_path, None) is None
     with pytest.raises(SystemExit, match="does not exist"):

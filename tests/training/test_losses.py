@@ -28,6 +28,30 @@ def test_negatives_join_the_image_to_text_side_only():
     assert out["loss"] > retrieval_loss({"global": logits})["loss"]  # negatives only add competitors
 
 
+def test_true_captions_leave_both_sides_negatives():
+    """positives[i, j] (caption i true of image j): caption i's softmax runs without image j, image j's without
+    caption i; the negatives still join image j's side; the distillation is left as it was."""
+    g = torch.Generator().manual_seed(3)
+    logits = {k: torch.randn(4, 4, generator=g, requires_grad=True) for k in ("geometric", "global")}
+    neg = {k: torch.randn(3, 4, generator=g) for k in logits}
+    positives = torch.zeros(4, 4, dtype=torch.bool)
+    positives[0, 2] = positives[3, 1] = True
+    out = retrieval_loss(logits, negative_logits=neg, distill_weight=1.0, positives=positives)
+    for k, v in logits.items():
+        t2i = [F.cross_entropy(v[i, [j for j in range(4) if not positives[i, j]]].unsqueeze(0),
+                               torch.tensor([[j for j in range(4) if not positives[i, j]].index(i)])) for i in range(4)]
+        image_side = torch.cat([v, neg[k]]).T  # (B, B + N_neg)
+        i2t = [F.cross_entropy(image_side[j, [i for i in range(7) if i >= 4 or not positives[i, j]]].unsqueeze(0),
+                               torch.tensor([[i for i in range(7) if i >= 4 or not positives[i, j]].index(j)]))
+               for j in range(4)]
+        torch.testing.assert_close(out[f"loss_{k}"], 0.5 * (sum(t2i) / 4 + sum(i2t) / 4))
+    plain = retrieval_loss(logits, negative_logits=neg, distill_weight=1.0)
+    torch.testing.assert_close(out["loss_distill"], plain["loss_distill"])
+    assert out["loss"] < plain["loss"]  # fewer competitors
+    out["loss"].backward()
+    assert all(torch.isfinite(v.grad).all() for v in logits.values())
+
+
 def test_negatives_for_every_score_of_a_geometric_model():
     g = torch.Generator().manual_seed(2)
     logits = {k: torch.randn(3, 3, generator=g) for k in ("geometric", "global")}

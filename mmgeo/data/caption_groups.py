@@ -1,0 +1,143 @@
+"""Caption-neighbour batches: images whose captions read alike share a batch, and a caption true of another
+image in its batch is not that image's negative (docs/design.md §9).
+
+In random batches another image almost never differs from a caption's image in one attribute only (the same
+colour, size and place, another shape), so text→image contrast never has to look at shape; only the caption
+negatives teach it. ``caption_neighbours`` finds, for each image, the images whose captions are nearest in
+TF-IDF cosine (bag of words over all the image's captions); ``grouped_order`` turns an epoch's permutation
+into groups of ``group`` near neighbours, so each batch is made of such groups. A sub-caption ("a big purple
+circle in the top right") is then often true of a neighbour too: ``CaptionTruth`` says, from text alone,
+when a caption is true of an image — every object phrase of the caption is, as a set of words, inside one
+object phrase of one of the image's captions (``mmgeo.data.caption_parts``) — and the loss drops those pairs
+from the negatives.
+
+Limits: text rules only. Synonyms ("big" / "large") are different words, so a true caption worded otherwise
+than all of the image's captions stays a negative (as in any random batch); neighbours are computed once per
+run over the whole train split (map-style data; not for streamed shards).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections import Counter
+
+import numpy as np
+import torch
+
+from mmgeo.data.caption_parts import caption_words, object_phrases
+
+_DETERMINERS = {"a", "an", "the"}
+_DENSE_LIMIT = 1 << 25  # N × V entries up to which the TF-IDF matrix is held dense (128 MB of float32)
+
+
+def phrase_words(caption: str) -> list[frozenset[str]]:
+    """The caption's object phrases, each as its set of lower-case words without determiners."""
+    return [frozenset(w.lower() for w in p.split() if w.lower() not in _DETERMINERS) for p in object_phrases(caption)]
+
+
+def caption_true_of(caption: list[frozenset[str]], image: list[frozenset[str]]) -> bool:
+    """True when every phrase of ``caption`` (``phrase_words``) lies inside one phrase of ``image`` (the
+    ``phrase_words`` of all the image's captions)."""
+    return bool(caption) and all(any(p <= q for q in image) for p in caption)
+
+
+def true_pairs(captions: list[list[frozenset[str]]], images: list[list[frozenset[str]]]) -> torch.Tensor:
+    """(B, B) bool: [i, j] when caption i is true of image j, i ≠ j (the diagonal is each pair's own positive)."""
+    B = len(captions)
+    out = torch.zeros(B, B, dtype=torch.bool)  # (B captions, B images)
+    for i in range(B):
+        for j in range(B):
+            out[i, j] = i != j and caption_true_of(captions[i], images[j])
+    return out
+
+
+def caption_features(captions: list[str]) -> Counter:
+    """Bag of an image's captions: each lower-case word, and each pair of words inside one object phrase
+    ("green|circle", "circle|right"), so images whose objects carry the same attributes come nearer than images
+    that merely use the same words."""
+    bag = Counter(w.lower() for c in captions for w in caption_words(c))
+    for c in captions:
+        for phrase in phrase_words(c):
+            words = sorted(phrase)
+            bag.update(f"{a}|{b}" for i, a in enumerate(words) for b in words[i + 1:])
+    return bag
+
+
+def caption_neighbours(captions: list[list[str]], k: int, chunk: int = 1024, progress=None) -> np.ndarray:
+    """(N, k) int64: for each item the k other items whose captions are nearest in TF-IDF cosine over
+    ``caption_features`` (idf = log(N / df)), nearest first. ``progress(n)`` is called per chunk."""
+    N = len(captions)
+    if not 0 < k < N:
+        raise ValueError(f"need 0 < k < N neighbours, got k={k} for {N} items")
+    bags = [caption_features(caps) for caps in captions]
+    vocab: dict[str, int] = {}
+    rows, cols, vals = [], [], []
+    for n, bag in enumerate(bags):
+        for w, c in bag.items():
+            rows.append(n)
+            cols.append(vocab.setdefault(w, len(vocab)))
+            vals.append(float(c))
+    rows_t, cols_t = torch.tensor(rows), torch.tensor(cols)
+    df = torch.bincount(cols_t, minlength=len(vocab)).double()  # (V,) items holding each word
+    tfidf = torch.tensor(vals, dtype=torch.float64) * torch.log(N / df)[cols_t]
+    norm = torch.zeros(N, dtype=torch.float64).index_add_(0, rows_t, tfidf ** 2).sqrt().clamp_min(1e-12)
+    values = (tfidf / norm[rows_t]).float()  # (nnz,) of the unit rows
+    X = torch.sparse_coo_tensor(torch.stack([rows_t, cols_t]), values, (N, len(vocab)), check_invariants=False)
+    if N * len(vocab) <= _DENSE_LIMIT:
+        X = X.to_dense()  # (N, V): a small vocabulary (the shapes world's) is fastest as one BLAS product
+    else:
+        with warnings.catch_warnings():  # CSR is marked beta; it is the fast sparse @ dense on CPU (COO is not)
+            warnings.simplefilter("ignore", UserWarning)
+            X = X.coalesce().to_sparse_csr()  # (N, V)
+    out = np.empty((N, k), dtype=np.int64)
+    for start in range(0, N, chunk):
+        stop = min(start + chunk, N)
+        dense = torch.zeros(stop - start, len(vocab))  # (c, V)
+        sub = (rows_t >= start) & (rows_t < stop)
+        dense.index_put_((rows_t[sub] - start, cols_t[sub]), values[sub], accumulate=True)
+        sims = (X @ dense.T).T  # (c, N) cosine of the chunk's items against all
+        sims[torch.arange(stop - start), torch.arange(start, stop)] = -float("inf")  # not its own neighbour
+        out[start:stop] = sims.topk(k, dim=1).indices.numpy()
+        if progress is not None:
+            progress(stop - start)
+    return out
+
+
+def grouped_order(perm: np.ndarray, neighbours: np.ndarray, group: int, rng: np.random.Generator) -> np.ndarray:
+    """A permutation of the same items made of consecutive groups of ``group``: each anchor (taken in ``perm``'s
+    order, if not yet placed) with its nearest not-yet-placed listed neighbours. Groups left short (every listed
+    neighbour already placed) are pooled in order and cut into mixed groups; the full groups are shuffled
+    (``rng``) and the one short remainder, if any, comes last — batches of a multiple of ``group`` items hold
+    whole groups."""
+    N = len(perm)
+    placed = np.zeros(N, dtype=bool)
+    full, loose = [], []
+    for a in perm:
+        if placed[a]:
+            continue
+        members = [int(a)]
+        placed[a] = True
+        for b in neighbours[a]:
+            if len(members) == group:
+                break
+            if not placed[b]:
+                members.append(int(b))
+                placed[b] = True
+        (full if len(members) == group else loose).append(members)
+    loose_items = [i for g in loose for i in g]
+    full += [loose_items[k:k + group] for k in range(0, len(loose_items) - group + 1, group)]
+    tail = loose_items[len(loose_items) // group * group:]
+    order = [full[i] for i in rng.permutation(len(full))] + [tail]
+    return np.fromiter((i for g in order for i in g), dtype=np.int64, count=N)  # (N,)
+
+
+def dataset_neighbours(dataset, k: int, progress: bool = True) -> np.ndarray:
+    """``caption_neighbours`` of a map-style dataset's images (``dataset.captions(i)`` when it has one, which
+    skips the pixels; else ``dataset[i][1]``), with progress bars."""
+    from tqdm.auto import tqdm
+
+    read = getattr(dataset, "captions", None) or (lambda i: dataset[i][1])
+    captions = [read(i) for i in tqdm(range(len(dataset)), desc="caption groups: read captions", unit="img",
+                                     disable=not progress)]
+    with tqdm(total=len(captions), desc="caption groups: neighbours", unit="img", disable=not progress) as bar:
+        return caption_neighbours(captions, k, progress=bar.update)

@@ -1,0 +1,86 @@
+"""Caption-neighbour batches and caption truth: text rules on hand-made shapes and Flickr-style captions."""
+
+import numpy as np
+import pytest
+
+from mmgeo.data.caption_groups import (
+    caption_neighbours,
+    caption_true_of,
+    grouped_order,
+    phrase_words,
+    true_pairs,
+)
+from mmgeo.data.shapes import ShapesWorld
+
+
+def _image(*captions):
+    return [p for c in captions for p in phrase_words(c)]
+
+
+@pytest.mark.parametrize("caption, captions, true", [
+    ("a big purple circle in the top right",
+     ["in the top right a big purple circle and a small red square on the left"], True),  # word order free
+    ("a big purple circle in the top right", ["a big purple square in the top right and a small red circle"], False),
+    ("a big purple circle", ["a big purple circle in the center with a small red square above it"], True),
+    ("a big purple circle and a small red square", ["a big purple circle in the center with a small red square "
+                                                    "above it"], True),
+    ("a big purple circle and a small blue square", ["a big purple circle in the center with a small red square "
+                                                     "above it"], False),  # one phrase of two is false
+    ("a large purple circle in the top right", ["a big purple circle in the top right"], False),  # a synonym: unknown
+    ("A dog runs", ["A black dog runs through the grass.", "A dog in the grass."], True),
+    ("a brown dog", ["A black dog runs through the grass."], False),
+    ("A man in a blue shirt", ["A man in a blue shirt and a woman in a red dress are walking."], True),
+])
+def test_a_caption_is_true_of_an_image_when_each_phrase_lies_in_one_of_its_phrases(caption, captions, true):
+    assert caption_true_of(phrase_words(caption), _image(*captions)) is true
+
+
+def test_true_pairs_leave_the_diagonal_out():
+    captions = ["a big purple circle", "a small red square on the left", "a big purple circle in the center"]
+    images = [_image("a big purple circle in the center"), _image("a small red square on the left"),
+              _image("a big purple circle in the center and a small red square on the left")]
+    got = true_pairs([phrase_words(c) for c in captions], images)
+    assert got.tolist() == [[False, False, True], [False, False, True], [True, False, False]]
+
+
+@pytest.mark.parametrize("dense_limit", [1 << 25, 0], ids=["dense", "sparse"])
+def test_neighbours_share_bound_attributes_not_only_words(monkeypatch, dense_limit):
+    """Item 0 is nearest to the image holding the same two objects worded otherwise, not to the one with the same
+    words bound the other way round (red circle / blue square vs blue circle / red square); the dense product (a
+    small vocabulary) and the sparse one (a large one) agree."""
+    monkeypatch.setattr("mmgeo.data.caption_groups._DENSE_LIMIT", dense_limit)
+    captions = [
+        ["a big red circle on the left and a small blue square on the right"],
+        ["a small blue square on the right , a big red circle on the left"],   # same objects
+        ["a big blue circle on the left and a small red square on the right"],  # same words, swapped colours
+        ["a little green diamond at the top"],
+        ["a little green triangle at the top"],
+    ]
+    got = caption_neighbours(captions, k=2, chunk=2)
+    assert got.shape == (5, 2) and got[0, 0] == 1 and got[1, 0] == 0
+    assert got[3, 0] == 4 and got[4, 0] == 3
+    assert all(i not in row for i, row in enumerate(got))
+    with pytest.raises(ValueError, match="0 < k < N"):
+        caption_neighbours(captions, k=5)
+
+
+def test_grouped_order_is_a_permutation_of_neighbour_groups():
+    """Ten clusters of four (each item's nearest: its cluster, then the next cluster) and two items near only each
+    other: every group is a cluster, the pair is the short remainder at the end."""
+    rng = np.random.default_rng(0)
+    N, group = 42, 4
+    neighbours = np.array([[j for j in range(i // 4 * 4, i // 4 * 4 + 4) if j != i] + [(i + 4) % 40, (i + 5) % 40]
+                           if i < 40 else [81 - i] * 5 for i in range(N)])
+    order = grouped_order(rng.permutation(N), neighbours, group, np.random.default_rng(1))
+    assert sorted(order.tolist()) == list(range(N))
+    assert sorted(sorted(g // 4 for g in order[k:k + 4]) for k in range(0, 40, 4)) == [[c] * 4 for c in range(10)]
+    assert sorted(order[40:].tolist()) == [40, 41]
+    mixed = grouped_order(np.arange(12), np.array([[(i + 1) % 12] for i in range(12)]), 4, rng)  # one neighbour each
+    assert sorted(mixed.tolist()) == list(range(12))  # pairs pooled into groups of four, nothing lost
+    again = grouped_order(np.random.default_rng(0).permutation(N), neighbours, group, np.random.default_rng(1))
+    assert (again == order).all()  # reproducible from its generators
+
+
+def test_shapes_world_captions_without_drawing_are_the_same():
+    world = ShapesWorld("train", image_size=32, size=30)
+    assert all(world.captions(i) == world[i][1] for i in range(len(world)))
