@@ -172,6 +172,12 @@ def to_dict(cfg) -> dict:
 DEBUG_ENV = "MMGEO_DEBUG"  # MMGEO_DEBUG=1 (or --debug): an error shows its traceback
 USER_ERROR = 2  # exit status of a user's mistake (argparse's own)
 INTERNAL_ERROR = 1  # exit status of an unexpected error
+STOPPED = 143  # exit status of a run stopped from outside (128 + SIGTERM, the shell's convention)
+
+
+class Stopped(Exception):
+    """A run stopped from outside (SIGTERM, a killed worker): ``call_cli`` reports its message in one line and
+    exits with ``STOPPED``; the message says how to continue."""
 FILE_ERRORS = (FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError, PermissionError)
 PROJECT_PACKAGES = {"mmgeo", "serve"}
 
@@ -220,8 +226,9 @@ def call_cli(main: Callable[[list[str]], Any], argv: list[str] | None = None) ->
     """Run ``main(argv)`` (default: ``sys.argv[1:]`` less ``--debug``) -> the exit status: ``main``'s if it returns
     an int, else 0; 2 for a user's mistake, reported as one line ``error: <message>`` on stderr (``SystemExit("...")``
     raised with a message, ``is_user_error``); 1 for an unexpected error, one line naming its type and how to see
-    the traceback; 130 when interrupted. With ``--debug`` or ``MMGEO_DEBUG=1`` the traceback is printed before
-    that line. ``SystemExit`` with a status (argparse's usage errors, ``--help``) passes through."""
+    the traceback; 130 when interrupted; 143 when stopped from outside (``Stopped``). With ``--debug`` or
+    ``MMGEO_DEBUG=1`` the traceback is printed before that line. ``SystemExit`` with a status (argparse's usage
+    errors, ``--help``) passes through."""
     argv = list(sys.argv[1:] if argv is None else argv)
     end = argv.index("--") if "--" in argv else len(argv)
     debug = "--debug" in argv[:end] or os.environ.get(DEBUG_ENV, "") not in ("", "0")
@@ -237,6 +244,8 @@ def call_cli(main: Callable[[list[str]], Any], argv: list[str] | None = None) ->
         return _report(err, str(err.code), USER_ERROR, debug)
     except KeyboardInterrupt as err:
         return _report(err, "interrupted", 130, debug)
+    except Stopped as err:
+        return _report(err, str(err), STOPPED, debug)
     except Exception as err:  # noqa: BLE001 — every error ends in one line (and a status) unless debugging
         if is_user_error(err, roots):
             return _report(err, _message(err), USER_ERROR, debug)

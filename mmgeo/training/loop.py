@@ -20,9 +20,10 @@ from pathlib import Path
 import lightning as L
 import torch
 import yaml
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch.utils.data import DataLoader
 
-from mmgeo.config import CliParser, to_dict
+from mmgeo.config import CliParser, Stopped, to_dict
 from mmgeo.data.caption_groups import dataset_neighbours
 from mmgeo.data.pairs import CaptionPairs, Collate, open_split
 from mmgeo.data.sampler import ResumableBatchSampler, SampleLog
@@ -189,6 +190,14 @@ def fit(cfg: TrainConfig, resume: str | None = None, callbacks: list | None = No
         trainer.fit(module, loader, ckpt_path=ckpt)
     except NonFiniteTraining as err:
         raise SystemExit(str(err)) from err
+    except (SIGTERMException, RuntimeError) as err:
+        cause = "SIGTERM" if isinstance(err, SIGTERMException) else str(err).splitlines()[0].strip().rstrip(".")
+        if isinstance(err, RuntimeError) and not ("DataLoader worker" in cause and "signal" in cause):
+            raise
+        last = latest_checkpoint(run_dir)
+        raise Stopped(f"training stopped at step {trainer.global_step} ({cause}); continue it from "
+                      f"{last.name if last else 'the start (no step checkpoint yet)'} with: python train.py "
+                      f"--config {run_dir / 'config.yaml'} --resume") from err
     out = run_dir / "model.pt"
     state = trainer.strategy.lightning_module_state_dict()  # every rank takes part (FSDP gathers its shards)
     if trainer.is_global_zero:

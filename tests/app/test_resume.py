@@ -140,3 +140,33 @@ def test_resume_at_an_epoch_boundary(tmp_path):
     samples = read_samples(tmp_path / "resumed" / "samples.tsv")
     assert sorted(samples) == list(range(8, 12)) and {e for e, _ in samples.values()} == {1}
     assert samples == {s: v for s, v in read_samples(tmp_path / "straight" / "samples.tsv").items() if s >= 8}
+
+
+@pytest.mark.parametrize("target", ["main", "group"])
+def test_sigterm_stops_in_one_line_that_says_how_to_continue(tmp_path, target):
+    """SIGTERM to the trainer alone (Lightning stops the loop) or to its process group (the data loader worker dies
+    too): exit status 143, one line naming the step and the command that continues, no traceback; with the group,
+    that command is run and finishes the run."""
+    name = f"stopped_{target}"
+    victim = _run(_args(tmp_path, name, "--trainer.max_steps", "300"), start_new_session=True)
+    samples = tmp_path / name / "samples.tsv"
+    deadline = time.time() + 240
+    while not _samples_reached(samples, EVERY + 1) and victim.poll() is None and time.time() < deadline:
+        time.sleep(0.01)
+    assert victim.poll() is None, "training finished before it could be stopped: " + victim.communicate()[0][-2000:]
+    if target == "main":
+        victim.send_signal(signal.SIGTERM)
+    else:
+        os.killpg(victim.pid, signal.SIGTERM)
+    out, _ = victim.communicate(timeout=120)
+    errors = [line for line in out.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, out[-3000:]  # (a progress bar may still print after it)
+    last = errors[0]
+    assert victim.returncode == 143, out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
+    assert last.startswith("error: training stopped at step ") and last.endswith(
+        f"with: python train.py --config {tmp_path / name / 'config.yaml'} --resume"), last
+    if target == "group":
+        command = last.split("with: python train.py ")[1].split() + ["--trainer.max_steps", str(STEPS)]
+        resumed = _finish(_run(command))
+        assert "resumed from step=" in resumed and (tmp_path / name / "model.pt").is_file()
