@@ -1,5 +1,12 @@
-"""Inputs and the error measure of ``benchmarks/gpu_check.py``: random kernel inputs with padding, random embeddings,
-and the kernel tests' tolerance criterion."""
+"""Inputs, timing and the error measure of ``benchmarks/gpu_check.py``: random kernel inputs with padding, random
+embeddings, the tests' tiny model, median timing of a call, and the kernel tests' tolerance criterion."""
+
+import statistics
+import time
+
+REPEATS = 5  # timed calls per measurement (after one warm-up)
+TINY = dict(text_hidden=32, text_layers=1, text_heads=2, image_embed_dim=32, image_depth=1, image_heads=2,
+            image_size=32, patch_size=8, key_hidden=16, query_hidden=32, num_heads=2, d_a=8, d_e=8, d_global=16)
 
 
 def pair_inputs(bt, bi, h, t, s, da, de, dtype, dev, seed=0):
@@ -51,3 +58,34 @@ def random_embedding(n, H, L, da, de, dg, dtype, dev, seed, min_len=None):
     mask = torch.arange(L)[None] < torch.randint(min_len or L, L + 1, (n, 1), generator=g)
     return Embedding(F.normalize(mk(n, dg), dim=-1).to(dev), mk(n, H, L, da).to(dev, dtype),
                      F.normalize(mk(n, H, L, de), dim=-1).to(dev, dtype), mask.to(dev))
+
+
+def empty_cache() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def timed(fn, dev, budget_s: float = 5.0) -> float:
+    """Median milliseconds of ``fn()`` over up to REPEATS calls after one warm-up (autotune, compile)."""
+    import torch
+
+    cuda = dev.type == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    fn()
+    sync()
+    times = []
+    while len(times) < REPEATS and (sum(times) / 1e3 < budget_s or not times):
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            sync()
+            times.append(start.elapsed_time(end))
+        else:
+            t = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(times)
