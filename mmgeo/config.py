@@ -178,6 +178,8 @@ STOPPED = 143  # exit status of a run stopped from outside (128 + SIGTERM, the s
 class Stopped(Exception):
     """A run stopped from outside (SIGTERM, a killed worker): ``call_cli`` reports its message in one line and
     exits with ``STOPPED``; the message says how to continue."""
+
+
 FILE_ERRORS = (FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError, PermissionError)
 PROJECT_PACKAGES = {"mmgeo", "serve"}
 

@@ -4,12 +4,13 @@ image in its batch is not that image's negative (docs/design.md §9).
 In random batches another image almost never differs from a caption's image in one attribute only (the same
 colour, size and place, another shape), so text→image contrast never has to look at shape; only the caption
 negatives teach it. ``caption_neighbours`` finds, for each image, the images whose captions are nearest in
-TF-IDF cosine (bag of words over all the image's captions); ``grouped_order`` turns an epoch's permutation
-into groups of ``group`` near neighbours, so each batch is made of such groups. A sub-caption ("a big purple
-circle in the top right") is then often true of a neighbour too: ``CaptionTruth`` says, from text alone,
-when a caption is true of an image — every object phrase of the caption is, as a set of words, inside one
-object phrase of one of the image's captions (``mmgeo.data.caption_parts``) — and the loss drops those pairs
-from the negatives.
+TF-IDF cosine (``caption_features``: words and word pairs inside one object phrase, over all the image's captions);
+``grouped_order`` turns an epoch's permutation into groups of ``group`` near neighbours, so each batch is made of
+such groups. A sub-caption ("a big purple circle in the top right") is then often true of a neighbour too:
+``caption_true_of`` says, from text alone, when a caption is true of an image — every object phrase of the
+caption is, as a set of words, inside one object phrase of one of the image's captions (``mmgeo.data.caption_parts``)
+— and the loss drops those pairs from the negatives. Measured on the shapes world, neither helped one-object
+queries (docs/design.md §9); both are off by default.
 
 Limits: text rules only. Synonyms ("big" / "large") are different words, so a true caption worded otherwise
 than all of the image's captions stays a negative (as in any random batch); neighbours are computed once per
