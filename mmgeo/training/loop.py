@@ -13,6 +13,8 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
+import threading
 import time
 import zipfile
 from pathlib import Path
@@ -161,6 +163,14 @@ def prepare_run_dir(run_dir: Path, resume: str | None = None, overwrite: bool = 
         print(f"--overwrite: removed the earlier run ({', '.join(held)}) from {run_dir}")
 
 
+def _quiet_workers_on_sigterm(signum, frame) -> None:
+    """A SIGTERM to the process group kills the data loader workers too; torch's SIGCHLD handler would then raise
+    again while Lightning shuts the loader down (a traceback after the one-line report). The run is stopping, so a
+    dying worker is expected from here on: back to the default SIGCHLD handling."""
+    if hasattr(signal, "SIGCHLD"):
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+
+
 def fit(cfg: TrainConfig, resume: str | None = None, callbacks: list | None = None, overwrite: bool = False) -> Path:
     """Train as ``cfg`` says and return the written model.pt; ``resume``: None, "last" or a checkpoint path;
     ``callbacks``: extra Lightning callbacks (e.g. to observe steps); ``overwrite``: replace a run already in
@@ -186,6 +196,8 @@ def fit(cfg: TrainConfig, resume: str | None = None, callbacks: list | None = No
     if t.log_samples:
         module.samples_log = SampleLog(run_dir / "samples.tsv")
     start = time.time()
+    main_thread = threading.current_thread() is threading.main_thread()  # only it may set signal handlers
+    previous = signal.signal(signal.SIGTERM, _quiet_workers_on_sigterm) if main_thread else None  # Lightning adds to it
     try:
         trainer.fit(module, loader, ckpt_path=ckpt)
     except NonFiniteTraining as err:
@@ -198,6 +210,9 @@ def fit(cfg: TrainConfig, resume: str | None = None, callbacks: list | None = No
         raise Stopped(f"training stopped at step {trainer.global_step} ({cause}); continue it from "
                       f"{last.name if last else 'the start (no step checkpoint yet)'} with: python train.py "
                       f"--config {run_dir / 'config.yaml'} --resume") from err
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
     out = run_dir / "model.pt"
     state = trainer.strategy.lightning_module_state_dict()  # every rank takes part (FSDP gathers its shards)
     if trainer.is_global_zero:
