@@ -144,7 +144,16 @@ def check_case(kernel: str, shape, dtype, dev) -> dict:
     errs = {n: compare(a, b, tol) for n, a, b in zip(names, got, want)}
     return {"path": path, "tol": tol, "max_abs": max(e["max_abs"] for e in errs.values()),
             "max_rel": max(e["max_rel"] for e in errs.values()), "outputs": errs,
-            "pass": all(e["pass"] for e in errs.values()) and "Triton" in path}
+            "pass": all(e["pass"] for e in errs.values()) and triton_path(out.grad_fn)}
+
+
+def triton_path(fn) -> bool:
+    """Whether an output came from the Triton autograd Function: directly, or as the concatenation of launches made
+    in parts (a batch past one grid axis)."""
+    if "Triton" in type(fn).__name__:
+        return True
+    parts = [f for f, _ in fn.next_functions if f is not None] if type(fn).__name__ == "CatBackward0" else []
+    return bool(parts) and all("Triton" in type(f).__name__ for f in parts)
 
 
 class forced_config:
@@ -244,6 +253,8 @@ def pair_speed_rows(sec: Section, dev, dry: bool, impls: dict, need_s: float, ca
                 naive_bytes = B * B * H * T * S * 4 * (6 if backward else 3)
                 skip = f"naive would allocate ~{naive_bytes / 2**30:.0f} GiB" \
                     if name != "triton" and name != "reference" and naive_bytes > 0.6 * mem else None
+                if name == "reference" and B != min(cache):  # its B=512 rows took 22 s of an H200 run's 100 s
+                    skip = "the chunked reference is timed at the smallest batch only: its block loop is slow"
                 row = {"kernel": "pair_score", "B": B, "shape": f"B_t=B_i={B}, H={H}, T={T}, S={S}, d_a=d_e={D}",
                        "dtype": str(dtype)[6:], "pass": "fwd+bwd" if backward else "fwd", "impl": name,
                        "flop": mult * 2 * B * B * H * T * S * (D + D), "exps": mult * B * B * H * T * S}
@@ -373,6 +384,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # a lent GPU machine reaches no hub: without this, ``from_pretrained`` retries the network for minutes and the
+    # training section is killed before its first row (seen on the first H200 run); the sections inherit it
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     args = parse(argv)
     if args.dry_run:
         os.environ["TRITON_INTERPRET"] = "1"  # before anything imports triton

@@ -143,3 +143,23 @@ def test_a_section_that_writes_no_json_is_reported_failed(tmp_path, monkeypatch)
     md = markdown({"environment": env, **report})
     assert all(f"### {name} (failed: no output" in md for name in SECTIONS)
     assert markdown({"environment": env, "training": {"budget_s": 1.0}}).count("failed: no output") == 1
+
+
+def test_launches_in_parts_count_as_the_triton_path(monkeypatch):
+    """The correctness check's path test: a batch past one grid axis comes back as a concatenation of Triton
+    launches (an H200 run marked such cases failed on the path alone, every error inside tolerance)."""
+    import importlib
+
+    import torch
+
+    pytest.importorskip("triton")
+    from benchmarks.gpu_check import triton_path
+    from benchmarks.gpu_check_inputs import pair_inputs
+    from mmgeo.kernels import pair_score
+
+    monkeypatch.setenv("MMGEO_KERNELS", "triton")
+    monkeypatch.setattr(importlib.import_module("mmgeo.kernels.pair_score"), "MAX_GRID_Y", 2)  # 3 images: 2 launches
+    (q, u, k, v), (qm, km) = pair_inputs(2, 3, 1, 4, 8, 8, 8, torch.float32, torch.device("cpu"))
+    out = pair_score(q.requires_grad_(), qm, u, k, km, v)
+    assert type(out.grad_fn).__name__ == "CatBackward0" and triton_path(out.grad_fn)
+    assert not triton_path(torch.cat([q * 2, q + 1]).grad_fn)  # a concatenation of anything else is not
