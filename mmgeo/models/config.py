@@ -25,6 +25,7 @@ class ModelConfig:
     image_depth: int = 4  # ViT blocks (0 = the backbone's own)
     image_heads: int = 4  # ViT attention heads (0 = the backbone's own)
     image_conv_stem: bool = False  # replace the patchify conv by a conv stem (Xiao et al. 2021); scratch ViTs
+    image_stem_full_res: bool = False  # conv stem: one stride-1 3×3 conv at the input resolution first
     image_mean: tuple[float, float, float] | None = None  # normalisation mean; None = the backbone's data config
     image_std: tuple[float, float, float] | None = None  # normalisation std; None = the backbone's data config
     image_interpolation: str | None = None  # resize interpolation; None = the backbone's data config
@@ -63,6 +64,8 @@ class ModelConfig:
                              "use 'cls' or 'mean'")
         if self.image_size % self.patch_size:
             raise ValueError(f"image_size {self.image_size} must be a multiple of patch_size {self.patch_size}")
+        if self.image_stem_full_res and not self.image_conv_stem:
+            raise ValueError("image_stem_full_res adds a layer to the conv stem: set image_conv_stem true as well")
         if self.image_mean is not None:
             self.image_mean = tuple(self.image_mean)
         if self.image_std is not None:

@@ -109,7 +109,7 @@ def build_image_tower(cfg) -> nn.Module:
         from mmgeo.layers.conv_stem import ConvStem
 
         proj = vit.patch_embed.proj  # the patchify conv: same grid, same width
-        vit.patch_embed.proj = ConvStem(proj.in_channels, proj.out_channels, proj.stride[0])
+        vit.patch_embed.proj = ConvStem(proj.in_channels, proj.out_channels, proj.stride[0], cfg.image_stem_full_res)
     return vit
 
 
