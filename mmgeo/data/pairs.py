@@ -89,7 +89,8 @@ class CaptionPairs(Dataset):
 
 class Collate:
     """Items -> one batch: pixels (B, 3, H, W), the B captions then every negative caption tokenised together
-    (``input_ids`` / ``attention_mask`` (B + N_neg, T)); ``num_captions`` = B; with items that carry caption
+    (``input_ids`` / ``attention_mask`` (B + N_neg, T)); ``num_captions`` = B; ``negative_source`` (N_neg,) the pair
+    each negative was made from; with items that carry caption
     truth (``CaptionPairs(caption_truth=True)``), ``positives`` (B, B) bool: caption i true of image j, i ≠ j."""
 
     def __init__(self, tokenize):
@@ -107,6 +108,8 @@ class Collate:
         if "truth" in batch[0]:
             truth = [t for item in batch for t in item["truth"]]
             extra["positives"] = true_pairs([c for c, _ in truth], [im for _, im in truth])  # (B, B)
+        source = [i for i, (_, _, negs) in enumerate(pairs) for _ in negs]  # the pair each negative edits
+        extra["negative_source"] = torch.tensor(source, dtype=torch.long)  # (N_neg,)
         return {**self.tokenize(texts), **extra, "pixels": pixels, "num_captions": torch.tensor(len(pairs)),
                 "index": torch.tensor([item["index"] for item in batch]),  # (B_items,) dataset indices
                 "epoch": torch.tensor(epoch), "step": torch.tensor(step)}

@@ -71,6 +71,8 @@ class LossConfig:
     global_weight: float = 1.0  # λ: weight of the global InfoNCE next to the geometric one
     distill_weight: float = 0.0  # weight of the KL from the geometric score's in-batch softmax to the global one's
     # (teacher detached; mmgeo.training.losses.distillation): the first stage learns from the re-rank
+    negative_query_weight: float = 0.0  # caption edits as queries: -log(1 - p) of the image each was made from among
+    # the batch's images (text->image side; mmgeo.training.losses.negative_query)
     local_loss: bool = False  # several ranks: score local captions/images against all (2·B·W·B pairs, not (W·B)²)
 
 

@@ -42,6 +42,26 @@ def distillation(text_side: dict[str, torch.Tensor], image_side: dict[str, torch
     return 0.5 * (kl[0] + kl[1])
 
 
+def negative_query(negative_logits: dict[str, torch.Tensor], source: torch.Tensor,
+                   global_weight: float) -> torch.Tensor:
+    """Caption edits as text->image queries: -log(1 - p), p = the in-batch softmax probability of the image each
+    edit was made from — an image known to be false of it (unlikelihood; Welleck et al., ICLR 2020). "a small red
+    square" made from an image's "a small red circle" must rank that image below the rest; the image->text side
+    (``retrieval_loss``) only asks the image to prefer its own caption. Other images are not known to be false of
+    an edit, so they are not pushed up or down one by one, only relative to its source.
+
+    ``negative_logits`` (N_neg, B) per score; ``source`` (N_neg,) the column of each edit's image. Geometric term
+    + ``global_weight`` · global term, as the InfoNCE terms combine."""
+    rows = torch.arange(len(source), device=source.device)
+    terms = {}
+    for k, logits in negative_logits.items():
+        logits = logits.float()
+        others = logits.clone()
+        others[rows, source] = float("-inf")
+        terms[k] = (torch.logsumexp(logits, 1) - torch.logsumexp(others, 1)).mean()  # -log(1 - p_source)
+    return terms.get("geometric", 0.0) + global_weight * terms["global"] if "geometric" in terms else terms["global"]
+
+
 def _loss(text_side: dict[str, torch.Tensor], image_side: dict[str, torch.Tensor], global_weight: float,
           distill_weight: float = 0.0, offset: int = 0,
           positives: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
@@ -62,7 +82,9 @@ def _loss(text_side: dict[str, torch.Tensor], image_side: dict[str, torch.Tensor
 
 def retrieval_loss(logits: dict[str, torch.Tensor], global_weight: float = 1.0,
                    negative_logits: dict[str, torch.Tensor] | None = None,
-                   distill_weight: float = 0.0, positives: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+                   distill_weight: float = 0.0, positives: torch.Tensor | None = None,
+                   negative_source: torch.Tensor | None = None,
+                   negative_query_weight: float = 0.0) -> dict[str, torch.Tensor]:
     """docs/design.md §2: InfoNCE on the geometric score + λ · InfoNCE on the global score (+ distillation).
 
     ``logits`` from ``GeoRetriever.logits`` (B, B); returns {"loss", "loss_geometric"?, "loss_global",
@@ -70,17 +92,30 @@ def retrieval_loss(logits: dict[str, torch.Tensor], global_weight: float = 1.0,
     join the image->text side only, as NegCLIP does (Yuksekgonul et al., ICLR 2023). A global-only model (CLIP
     baseline) trains on the global term alone, at weight 1. ``distill_weight``: weight of ``distillation``.
     ``positives`` (B, B) bool: caption i true of image j, left out of the negatives (``infonce``).
+    ``negative_query_weight``: weight of ``negative_query`` on ``negative_logits``, whose rows were made from the
+    images ``negative_source`` (N_neg,) names.
     """
     for v in logits.values():
         if v.dim() != 2 or v.shape[0] != v.shape[1]:
             raise ValueError(f"the retrieval loss needs square (B, B) logit matrices, got {tuple(v.shape)}")
     image_side = {k: (v if negative_logits is None else torch.cat([v, negative_logits[k]])).T
                   for k, v in logits.items()}
-    return _loss(logits, image_side, global_weight, distill_weight, positives=positives)
+    out = _loss(logits, image_side, global_weight, distill_weight, positives=positives)
+    return with_negative_query(out, negative_logits, negative_source, negative_query_weight, global_weight)
+
+
+def with_negative_query(out: dict, negative_logits, source, weight: float, global_weight: float) -> dict:
+    """``out`` with ``loss_negative_query`` added (and weighted into "loss") when ``weight`` and negatives exist."""
+    if not weight or negative_logits is None or source is None or not len(source):
+        return out
+    out["loss_negative_query"] = negative_query(negative_logits, source, global_weight)
+    out["loss"] = out["loss"] + weight * out["loss_negative_query"]
+    return out
 
 
 def contrastive_loss(model, text, image, global_weight: float = 1.0, local_loss: bool = False,
-                     negatives=None, distill_weight: float = 0.0, positives: torch.Tensor | None = None) -> dict:
+                     negatives=None, distill_weight: float = 0.0, positives: torch.Tensor | None = None,
+                     negative_source: torch.Tensor | None = None, negative_query_weight: float = 0.0) -> dict:
     """The retrieval loss over the *global* batch when training on several ranks (open_clip's ClipLoss).
 
     ``text``/``image``: this rank's Embeddings (B local pairs). On one process it is ``retrieval_loss``.
@@ -103,8 +138,25 @@ def contrastive_loss(model, text, image, global_weight: float = 1.0, local_loss:
     ``positives`` (B, B) bool: this rank's captions true of this rank's other images (``infonce``); on several
     ranks pairs across ranks are not known and stay negatives (caption groups never span ranks).
 
+    ``negative_query_weight``: the weight of ``negative_query`` — this rank's negatives (made from the local pairs
+    ``negative_source`` names) against this rank's images; on several ranks an extra (N_neg, B) scoring.
+
     Limits: equal local batch sizes; dropout draws differ from a single process (each rank its own masks).
     """
+    from mmgeo.training.distributed import rank_and_world
+
+    if rank_and_world()[1] == 1:
+        neg = None if negatives is None or len(negatives) == 0 else model.logits(negatives, image)  # (N_neg, B)
+        return retrieval_loss(model.logits(text, image), global_weight, neg, distill_weight, positives,
+                              negative_source, negative_query_weight)
+    out = _distributed_loss(model, text, image, global_weight, local_loss, negatives, distill_weight, positives)
+    local_neg = model.logits(negatives, image) if negative_query_weight and negatives is not None \
+        and len(negatives) else None  # (N_neg, B) this rank's edits against this rank's images
+    return with_negative_query(out, local_neg, negative_source, negative_query_weight, global_weight)
+
+
+def _distributed_loss(model, text, image, global_weight, local_loss, negatives, distill_weight, positives) -> dict:
+    """``contrastive_loss`` on several ranks, without the negative-query term."""
     from mmgeo.training.distributed import (
         all_gather_no_grad,
         check_equal_batches,
@@ -114,10 +166,7 @@ def contrastive_loss(model, text, image, global_weight: float = 1.0, local_loss:
         rank_and_world,
     )
 
-    rank, world = rank_and_world()
-    if world == 1:
-        neg = None if negatives is None or len(negatives) == 0 else model.logits(negatives, image)  # (N_neg, B)
-        return retrieval_loss(model.logits(text, image), global_weight, neg, distill_weight, positives)
+    rank = rank_and_world()[0]
     B = len(text)
     check_equal_batches(B, text.pooled.device)
     all_text, all_image = gather_embedding(text), gather_embedding(image)  # (W·B, ...)

@@ -26,6 +26,8 @@ def test_pairs_carry_edited_captions_and_collate_puts_them_after_the_captions():
     n_neg = sum(len(it["pairs"][0][2]) for it in items)
     assert int(batch["num_captions"]) == 4 and len(batch["texts"]) == 4 + n_neg
     assert batch["texts"][:4] == [it["pairs"][0][1] for it in items]
+    source = [i for i, it in enumerate(items) for _ in it["pairs"][0][2]]  # each negative's pair
+    assert batch["negative_source"].tolist() == source
 
 
 def test_training_with_caption_negatives_changes_the_loss(tmp_path):

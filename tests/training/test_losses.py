@@ -88,3 +88,40 @@ def test_distillation_vanishes_when_the_two_scores_agree():
     logits = torch.randn(5, 5, generator=torch.Generator().manual_seed(4))
     side = {"geometric": logits, "global": logits.clone()}
     assert float(distillation(side, {k: v.T for k, v in side.items()})) == pytest.approx(0.0, abs=1e-6)
+
+
+def test_negative_query_is_minus_log_one_minus_the_source_probability():
+    from mmgeo.training.losses import negative_query
+
+    torch.manual_seed(0)
+    neg = {"geometric": torch.randn(5, 4), "global": torch.randn(5, 4)}  # 5 edits against 4 images
+    source = torch.tensor([0, 0, 1, 3, 2])
+    want = {k: -torch.log1p(-F.softmax(v, 1)[torch.arange(5), source]).mean() for k, v in neg.items()}
+    torch.testing.assert_close(negative_query(neg, source, 0.5), want["geometric"] + 0.5 * want["global"])
+    torch.testing.assert_close(negative_query({"global": neg["global"]}, source, 0.5), want["global"])
+
+
+def test_negative_query_pushes_the_source_image_down_and_the_others_up():
+    from mmgeo.training.losses import negative_query
+
+    logits = torch.randn(3, 4, requires_grad=True)
+    source = torch.tensor([2, 0, 1])
+    negative_query({"global": logits}, source, 1.0).backward()
+    g = logits.grad  # descent moves each logit by -g
+    rows = torch.arange(3)
+    assert (g[rows, source] > 0).all()  # the source image's score goes down
+    others = torch.ones_like(g, dtype=torch.bool)
+    others[rows, source] = False
+    assert (g[others] < 0).all() and torch.allclose(g.sum(1), torch.zeros(3), atol=1e-6)
+
+
+def test_retrieval_loss_adds_the_negative_query_term_only_when_weighted():
+    torch.manual_seed(1)
+    logits = {"geometric": torch.randn(4, 4), "global": torch.randn(4, 4)}
+    neg = {"geometric": torch.randn(6, 4), "global": torch.randn(6, 4)}
+    source = torch.tensor([0, 0, 1, 2, 3, 3])
+    base = retrieval_loss(logits, 0.5, neg)
+    off = retrieval_loss(logits, 0.5, neg, negative_source=source, negative_query_weight=0.0)
+    on = retrieval_loss(logits, 0.5, neg, negative_source=source, negative_query_weight=2.0)
+    assert "loss_negative_query" not in off and torch.equal(off["loss"], base["loss"])
+    torch.testing.assert_close(on["loss"], base["loss"] + 2.0 * on["loss_negative_query"])
