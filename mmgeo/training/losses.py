@@ -51,7 +51,10 @@ def negative_query(negative_logits: dict[str, torch.Tensor], source: torch.Tenso
     an edit, so they are not pushed up or down one by one, only relative to its source.
 
     ``negative_logits`` (N_neg, B) per score; ``source`` (N_neg,) the column of each edit's image. Geometric term
-    + ``global_weight`` · global term, as the InfoNCE terms combine."""
+    + ``global_weight`` · global term, as the InfoNCE terms combine. With one image there is nothing to rank it
+    below: the term is zero."""
+    if next(iter(negative_logits.values())).shape[1] < 2:
+        return sum(v.sum() * 0.0 for v in negative_logits.values())
     rows = torch.arange(len(source), device=source.device)
     terms = {}
     for k, logits in negative_logits.items():

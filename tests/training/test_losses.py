@@ -125,3 +125,13 @@ def test_retrieval_loss_adds_the_negative_query_term_only_when_weighted():
     on = retrieval_loss(logits, 0.5, neg, negative_source=source, negative_query_weight=2.0)
     assert "loss_negative_query" not in off and torch.equal(off["loss"], base["loss"])
     torch.testing.assert_close(on["loss"], base["loss"] + 2.0 * on["loss_negative_query"])
+
+
+def test_negative_query_of_a_single_image_is_zero_not_infinite():
+    from mmgeo.training.losses import negative_query
+
+    logits = torch.randn(3, 1, requires_grad=True)  # 3 edits, one image: no other image to rank it below
+    loss = negative_query({"global": logits}, torch.zeros(3, dtype=torch.long), 1.0)
+    assert loss.item() == 0.0
+    loss.backward()
+    assert torch.equal(logits.grad, torch.zeros_like(logits))
