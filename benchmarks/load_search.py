@@ -175,16 +175,21 @@ async def run_setting(url: str, texts: list[str], clients: int, rerank: bool, se
 
 
 def tree_cpu_seconds(pid: int) -> float | None:
-    """User + system CPU seconds of process ``pid`` and its descendants (uvicorn's --workers) from /proc; None
-    where /proc is not there."""
+    """CPU seconds of process ``pid`` and its descendants (uvicorn's --workers, PostgreSQL's backends) from /proc;
+    None where /proc is not there. Each thread's nanosecond run time (``task/*/schedstat``) where the kernel keeps
+    it, else the process's utime + stime in clock ticks (10 ms: a few small queries can read 0)."""
     tick = os.sysconf("SC_CLK_TCK")
     total, todo = 0.0, [pid]
     try:
         while todo:
             p = todo.pop()
-            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
-            for task in Path(f"/proc/{p}/task").iterdir():
+            tasks = list(Path(f"/proc/{p}/task").iterdir())
+            try:
+                total += sum(int((t / "schedstat").read_text().split()[0]) for t in tasks) / 1e9  # ns on the CPU
+            except (OSError, ValueError, IndexError):
+                fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+                total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+            for task in tasks:
                 todo += [int(c) for c in (task / "children").read_text().split()]
     except (OSError, ValueError):
         return None
