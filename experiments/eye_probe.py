@@ -57,20 +57,19 @@ class Probe:
     """The tower and a linear head over each cell's pooled patch tokens (9 cells × 5 classes)."""
 
     def __init__(self, cfg):
-        import torch
         from torch import nn
 
-        from mmgeo.models.towers import build_image_tower, patch_tokens
+        from mmgeo.models.towers import build_image_tower
 
         self.vit = build_image_tower(cfg)
         self.grid = cfg.image_size // cfg.patch_size
         self.head = nn.Linear(self.vit.embed_dim, 5)
-        self.patch_tokens = patch_tokens
         self.params = list(self.vit.parameters()) + list(self.head.parameters())
-        self.torch = torch
 
     def logits(self, pixels):
-        tokens, _ = self.patch_tokens(self.vit, pixels)  # (B, S, C)
+        from mmgeo.models.towers import patch_tokens
+
+        tokens, _ = patch_tokens(self.vit, pixels)  # (B, S, C)
         B, S, C = tokens.shape
         g = self.grid
         cells = tokens.view(B, 3, g // 3, 3, g // 3, C).mean((2, 4)).reshape(B, 9, C)  # (B, 9, C)

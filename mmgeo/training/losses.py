@@ -62,7 +62,12 @@ def negative_query(negative_logits: dict[str, torch.Tensor], source: torch.Tenso
         others = logits.clone()
         others[rows, source] = float("-inf")
         terms[k] = (torch.logsumexp(logits, 1) - torch.logsumexp(others, 1)).mean()  # -log(1 - p_source)
-    return terms.get("geometric", 0.0) + global_weight * terms["global"] if "geometric" in terms else terms["global"]
+    return combine(terms, global_weight)
+
+
+def combine(terms: dict[str, torch.Tensor], global_weight: float) -> torch.Tensor:
+    """Per-score terms into one: geometric + ``global_weight`` · global; a global-only model's global term alone."""
+    return terms["geometric"] + global_weight * terms["global"] if "geometric" in terms else terms["global"]
 
 
 def _loss(text_side: dict[str, torch.Tensor], image_side: dict[str, torch.Tensor], global_weight: float,
@@ -71,12 +76,10 @@ def _loss(text_side: dict[str, torch.Tensor], image_side: dict[str, torch.Tensor
     """InfoNCE per score on (texts against images, images against texts), combined; plus distillation (over
     every pair: the teacher ranking another true image high is right)."""
     terms = {k: infonce(text_side[k], image_side[k], offset, positives) for k in text_side}
-    out = {"loss_global": terms["global"]}
+    out = {"loss_global": terms["global"], "loss": combine(terms, global_weight)}
     if "geometric" not in terms:
-        out["loss"] = terms["global"]
         return out
     out["loss_geometric"] = terms["geometric"]
-    out["loss"] = terms["geometric"] + global_weight * terms["global"]
     if distill_weight:
         out["loss_distill"] = distillation(text_side, image_side)
         out["loss"] = out["loss"] + distill_weight * out["loss_distill"]
