@@ -42,14 +42,18 @@ def caption_true_of(caption: list[frozenset[str]], image: list[frozenset[str]]) 
     return bool(caption) and all(any(p <= q for q in image) for p in caption)
 
 
+def true_of(captions: list[list[frozenset[str]]], images: list[list[frozenset[str]]]) -> torch.Tensor:
+    """(N, B) bool: [n, j] when caption n is true of image j (``caption_true_of``), every pair."""
+    out = torch.zeros(len(captions), len(images), dtype=torch.bool)  # (N captions, B images)
+    for n, caption in enumerate(captions):
+        for j, image in enumerate(images):
+            out[n, j] = caption_true_of(caption, image)
+    return out
+
+
 def true_pairs(captions: list[list[frozenset[str]]], images: list[list[frozenset[str]]]) -> torch.Tensor:
     """(B, B) bool: [i, j] when caption i is true of image j, i ≠ j (the diagonal is each pair's own positive)."""
-    B = len(captions)
-    out = torch.zeros(B, B, dtype=torch.bool)  # (B captions, B images)
-    for i in range(B):
-        for j in range(B):
-            out[i, j] = i != j and caption_true_of(captions[i], images[j])
-    return out
+    return true_of(captions, images).fill_diagonal_(False)
 
 
 def caption_features(captions: list[str]) -> Counter:

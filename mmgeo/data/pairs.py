@@ -6,13 +6,15 @@ epoch, the caption (and its rule-based negatives) reproducibly; ``Collate`` toke
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
 from mmgeo.data import build_dataset
 from mmgeo.data.caption_edits import EDIT_KINDS, caption_negatives
-from mmgeo.data.caption_groups import phrase_words, true_pairs
+from mmgeo.data.caption_groups import phrase_words, true_of, true_pairs
 from mmgeo.data.caption_parts import partial_caption
 
 
@@ -44,8 +46,8 @@ class CaptionPairs(Dataset):
     sit in the same batch as each other's hardest negative. ``partial_captions``: the share of items whose
     caption is cut to one or two of its object phrases (``mmgeo.data.caption_parts``) before its negatives
     are made, so a partial description is a positive and its edits the negatives. ``caption_truth``: each pair
-    carries the phrases of its caption and of all its image's captions, so ``Collate`` can tell which captions
-    are true of other images of the batch (``mmgeo.data.caption_groups``)."""
+    carries the phrases of its caption, of its negatives and of all its image's captions, so ``Collate`` can tell
+    which captions and edits are true of which images of the batch (``mmgeo.data.caption_groups``)."""
 
     def __init__(self, dataset, transform, seed: int, hard_negatives: bool = False, caption_negatives: int = 0,
                  negative_kinds=EDIT_KINDS, vocabulary=None, partial_captions: float = 0.0,
@@ -82,7 +84,8 @@ class CaptionPairs(Dataset):
                                           self.vocabulary, self.negative_weights) if self.caption_negatives else []
             pairs.append((self.transform(image), caption, negatives))
             if self.caption_truth:
-                truth.append((phrase_words(caption), [p for c in captions for p in phrase_words(c)]))
+                truth.append((phrase_words(caption), [p for c in captions for p in phrase_words(c)],
+                              [phrase_words(n) for n in negatives]))
         item = {"pairs": pairs, "index": i, "epoch": epoch, "step": step}
         return {**item, "truth": truth} if self.caption_truth else item
 
@@ -91,7 +94,10 @@ class Collate:
     """Items -> one batch: pixels (B, 3, H, W), the B captions then every negative caption tokenised together
     (``input_ids`` / ``attention_mask`` (B + N_neg, T)); ``num_captions`` = B; ``negative_source`` (N_neg,) the pair
     each negative was made from; with items that carry caption
-    truth (``CaptionPairs(caption_truth=True)``), ``positives`` (B, B) bool: caption i true of image j, i ≠ j."""
+    truth (``CaptionPairs(caption_truth=True)``), ``positives`` (B, B) bool: caption i true of image j, i ≠ j, and
+    ``negative_truth`` (N_neg, B) bool: negative n true of image j by the text rules, never of its own source (the
+    edit was made to be false of it) and of none when the rule cannot see the edit (its object phrases are the
+    caption's, e.g. a flipped relation to "it")."""
 
     def __init__(self, tokenize):
         self.tokenize = tokenize
@@ -104,12 +110,17 @@ class Collate:
             raise RuntimeError(f"one batch mixes (epoch, step) {sorted(steps)}: the batch sampler is broken")
         epoch, step = steps.pop()
         texts = [c for _, c, _ in pairs] + [n for _, _, negs in pairs for n in negs]
-        extra = {}
+        source = [i for i, (_, _, negs) in enumerate(pairs) for _ in negs]  # the pair each negative edits
+        extra = {"negative_source": torch.tensor(source, dtype=torch.long)}  # (N_neg,)
         if "truth" in batch[0]:
             truth = [t for item in batch for t in item["truth"]]
-            extra["positives"] = true_pairs([c for c, _ in truth], [im for _, im in truth])  # (B, B)
-        source = [i for i, (_, _, negs) in enumerate(pairs) for _ in negs]  # the pair each negative edits
-        extra["negative_source"] = torch.tensor(source, dtype=torch.long)  # (N_neg,)
+            images = [im for _, im, _ in truth]
+            extra["positives"] = true_pairs([c for c, _, _ in truth], images)  # (B, B)
+            edits = [(c, n) for c, _, negs in truth for n in negs]
+            seen = true_of([n for _, n in edits], images)  # (N_neg, B)
+            seen[torch.arange(len(edits)), extra["negative_source"]] = False  # each edit was made false of its source
+            blind = torch.tensor([Counter(c) == Counter(n) for c, n in edits], dtype=torch.bool)  # (N_neg,)
+            extra["negative_truth"] = seen & ~blind[:, None]  # an edit the rule cannot see is true of nothing
         return {**self.tokenize(texts), **extra, "pixels": pixels, "num_captions": torch.tensor(len(pairs)),
                 "index": torch.tensor([item["index"] for item in batch]),  # (B_items,) dataset indices
                 "epoch": torch.tensor(epoch), "step": torch.tensor(step)}

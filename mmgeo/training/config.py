@@ -73,6 +73,8 @@ class LossConfig:
     # (teacher detached; mmgeo.training.losses.distillation): the first stage learns from the re-rank
     negative_query_weight: float = 0.0  # caption edits as queries: -log(1 - p) of the image each was made from among
     # the batch's images (text->image side; mmgeo.training.losses.negative_query)
+    edit_query_weight: float = 0.0  # caption edits as queries of the batch images they are true of by text rules,
+    # above the image each was made from (mmgeo.training.losses.edit_query; needs data.caption_negatives)
     local_loss: bool = False  # several ranks: score local captions/images against all (2·B·W·B pairs, not (W·B)²)
 
 

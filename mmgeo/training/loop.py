@@ -71,7 +71,7 @@ def build_loader(cfg: TrainConfig, module: RetrievalModule, train) -> ResumableL
                          f"{t.batch_size // (per_item * world)} images per device of a batch; set it to 0 or a divisor")
     pairs = CaptionPairs(train, module.model.preprocess, t.seed, cfg.data.hard_negatives, cfg.data.caption_negatives,
                          cfg.data.negative_kinds, vocabulary, cfg.data.partial_captions, cfg.data.negative_weights,
-                         caption_truth=cfg.data.mask_true_captions)
+                         caption_truth=cfg.data.mask_true_captions or bool(cfg.loss.edit_query_weight))
     if isinstance(train, ShardSource):
         stream = ShardPairs(train, pairs, Collate(module.model.tokenize), t.batch_size // world, t.seed)
         return ShardLoader(stream, t.batch_size, cfg.data.num_workers)

@@ -65,6 +65,28 @@ def negative_query(negative_logits: dict[str, torch.Tensor], source: torch.Tenso
     return combine(terms, global_weight)
 
 
+def edit_query(negative_logits: dict[str, torch.Tensor], truth: torch.Tensor,
+               global_weight: float) -> torch.Tensor:
+    """Caption edits as text->image queries of the batch images they are true of: -log Σ_{j true} p_j over the
+    edit's in-batch softmax, for each edit true of some image (``truth``, by text rules; never its own source,
+    ``mmgeo.data.pairs.Collate``). "a small red square" made from an image's "a small red circle" and true of
+    another image of the batch must rank that image first, above its source, one word away: the ranking a
+    one-object search needs, on pairs the rules know to be right. Edits true of no image (most full-caption
+    edits; any pair the training images never hold, e.g. cogent's held-out ones) add nothing.
+
+    ``negative_logits`` (N_neg, B) per score; ``truth`` (N_neg, B) bool. Geometric term + ``global_weight`` ·
+    global term. Zero when no edit is true of an image."""
+    rows = truth.any(1)  # (N_neg,)
+    if not bool(rows.any()):
+        return sum(v.sum() * 0.0 for v in negative_logits.values())
+    terms = {}
+    for k, logits in negative_logits.items():
+        logits = logits.float()[rows]  # (N_true, B)
+        terms[k] = (torch.logsumexp(logits, 1) - torch.logsumexp(logits.masked_fill(~truth[rows], float("-inf")), 1)
+                    ).mean()
+    return combine(terms, global_weight)
+
+
 def combine(terms: dict[str, torch.Tensor], global_weight: float) -> torch.Tensor:
     """Per-score terms into one: geometric + ``global_weight`` · global; a global-only model's global term alone."""
     return terms["geometric"] + global_weight * terms["global"] if "geometric" in terms else terms["global"]
@@ -90,7 +112,8 @@ def retrieval_loss(logits: dict[str, torch.Tensor], global_weight: float = 1.0,
                    negative_logits: dict[str, torch.Tensor] | None = None,
                    distill_weight: float = 0.0, positives: torch.Tensor | None = None,
                    negative_source: torch.Tensor | None = None,
-                   negative_query_weight: float = 0.0) -> dict[str, torch.Tensor]:
+                   negative_query_weight: float = 0.0, negative_truth: torch.Tensor | None = None,
+                   edit_query_weight: float = 0.0) -> dict[str, torch.Tensor]:
     """docs/design.md §2: InfoNCE on the geometric score + λ · InfoNCE on the global score (+ distillation).
 
     ``logits`` from ``GeoRetriever.logits`` (B, B); returns {"loss", "loss_geometric"?, "loss_global",
@@ -99,7 +122,8 @@ def retrieval_loss(logits: dict[str, torch.Tensor], global_weight: float = 1.0,
     baseline) trains on the global term alone, at weight 1. ``distill_weight``: weight of ``distillation``.
     ``positives`` (B, B) bool: caption i true of image j, left out of the negatives (``infonce``).
     ``negative_query_weight``: weight of ``negative_query`` on ``negative_logits``, whose rows were made from the
-    images ``negative_source`` (N_neg,) names.
+    images ``negative_source`` (N_neg,) names; ``edit_query_weight``: weight of ``edit_query`` on them, true of
+    the images ``negative_truth`` (N_neg, B) marks.
     """
     for v in logits.values():
         if v.dim() != 2 or v.shape[0] != v.shape[1]:
@@ -107,21 +131,30 @@ def retrieval_loss(logits: dict[str, torch.Tensor], global_weight: float = 1.0,
     image_side = {k: (v if negative_logits is None else torch.cat([v, negative_logits[k]])).T
                   for k, v in logits.items()}
     out = _loss(logits, image_side, global_weight, distill_weight, positives=positives)
-    return with_negative_query(out, negative_logits, negative_source, negative_query_weight, global_weight)
+    return with_negative_query(out, negative_logits, negative_source, negative_query_weight, global_weight,
+                               negative_truth, edit_query_weight)
 
 
-def with_negative_query(out: dict, negative_logits, source, weight: float, global_weight: float) -> dict:
-    """``out`` with ``loss_negative_query`` added (and weighted into "loss") when ``weight`` and negatives exist."""
-    if not weight or negative_logits is None or source is None or not len(source):
+def with_negative_query(out: dict, negative_logits, source, weight: float, global_weight: float,
+                        truth: torch.Tensor | None = None, edit_weight: float = 0.0) -> dict:
+    """``out`` with the edits-as-queries terms added and weighted into "loss" where weighted and negatives exist:
+    ``loss_negative_query`` (``negative_query``, of ``source``) and ``loss_edit_query`` (``edit_query``, of
+    ``truth``)."""
+    if negative_logits is None:
         return out
-    out["loss_negative_query"] = negative_query(negative_logits, source, global_weight)
-    out["loss"] = out["loss"] + weight * out["loss_negative_query"]
+    if weight and source is not None and len(source):
+        out["loss_negative_query"] = negative_query(negative_logits, source, global_weight)
+        out["loss"] = out["loss"] + weight * out["loss_negative_query"]
+    if edit_weight and truth is not None and len(truth):
+        out["loss_edit_query"] = edit_query(negative_logits, truth, global_weight)
+        out["loss"] = out["loss"] + edit_weight * out["loss_edit_query"]
     return out
 
 
 def contrastive_loss(model, text, image, global_weight: float = 1.0, local_loss: bool = False,
                      negatives=None, distill_weight: float = 0.0, positives: torch.Tensor | None = None,
-                     negative_source: torch.Tensor | None = None, negative_query_weight: float = 0.0) -> dict:
+                     negative_source: torch.Tensor | None = None, negative_query_weight: float = 0.0,
+                     negative_truth: torch.Tensor | None = None, edit_query_weight: float = 0.0) -> dict:
     """The retrieval loss over the *global* batch when training on several ranks (open_clip's ClipLoss).
 
     ``text``/``image``: this rank's Embeddings (B local pairs). On one process it is ``retrieval_loss``.
@@ -146,6 +179,7 @@ def contrastive_loss(model, text, image, global_weight: float = 1.0, local_loss:
 
     ``negative_query_weight``: the weight of ``negative_query`` — this rank's negatives (made from the local pairs
     ``negative_source`` names) against this rank's images; on several ranks an extra (N_neg, B) scoring.
+    ``edit_query_weight``: the weight of ``edit_query`` on the same scores (true of ``negative_truth``).
 
     Limits: equal local batch sizes; dropout draws differ from a single process (each rank its own masks).
     """
@@ -154,15 +188,16 @@ def contrastive_loss(model, text, image, global_weight: float = 1.0, local_loss:
     if rank_and_world()[1] == 1:
         neg = None if negatives is None or len(negatives) == 0 else model.logits(negatives, image)  # (N_neg, B)
         return retrieval_loss(model.logits(text, image), global_weight, neg, distill_weight, positives,
-                              negative_source, negative_query_weight)
+                              negative_source, negative_query_weight, negative_truth, edit_query_weight)
     out = _distributed_loss(model, text, image, global_weight, local_loss, negatives, distill_weight, positives)
-    local_neg = model.logits(negatives, image) if negative_query_weight and negatives is not None \
-        and len(negatives) else None  # (N_neg, B) this rank's edits against this rank's images
-    return with_negative_query(out, local_neg, negative_source, negative_query_weight, global_weight)
+    local_neg = model.logits(negatives, image) if (negative_query_weight or edit_query_weight) \
+        and negatives is not None and len(negatives) else None  # (N_neg, B) this rank's edits vs its images
+    return with_negative_query(out, local_neg, negative_source, negative_query_weight, global_weight,
+                               negative_truth, edit_query_weight)
 
 
 def _distributed_loss(model, text, image, global_weight, local_loss, negatives, distill_weight, positives) -> dict:
-    """``contrastive_loss`` on several ranks, without the negative-query term."""
+    """``contrastive_loss`` on several ranks, without the edits-as-queries terms."""
     from mmgeo.training.distributed import (
         all_gather_no_grad,
         check_equal_batches,

@@ -60,8 +60,10 @@ class RetrievalModule(L.LightningModule):
         B = int(batch["num_captions"])
         negatives = text[B:] if len(text) > B else None  # rule-based caption edits (data.caption_negatives)
         losses = contrastive_loss(self.model, text[:B], image, self.cfg.loss.global_weight, self.cfg.loss.local_loss,
-                                  negatives, self.cfg.loss.distill_weight, batch.get("positives"),
-                                  batch.get("negative_source"), self.cfg.loss.negative_query_weight)
+                                  negatives, self.cfg.loss.distill_weight,
+                                  batch.get("positives") if self.cfg.data.mask_true_captions else None,
+                                  batch.get("negative_source"), self.cfg.loss.negative_query_weight,
+                                  batch.get("negative_truth"), self.cfg.loss.edit_query_weight)
         if self.cfg.aids.ortho_weight > 0 and self.model.geometric:
             losses["ortho"] = sum(orthogonality_penalty(w) for w in self.model.qk_maps().values())
             losses["loss"] = losses["loss"] + self.cfg.aids.ortho_weight * losses["ortho"]

@@ -94,3 +94,44 @@ def test_negative_weights_reach_the_pairs_and_a_bad_config_is_refused():
         .negative_weights == {"replace_noun": 3}
     with pytest.raises(ValueError, match="replace_nouns"):
         load_train_config("configs/synthetic.yaml", ["--data.negative_weights", "{replace_nouns: 2}"])
+
+
+def test_collate_marks_each_edit_true_of_the_other_images_the_text_rules_allow():
+    """negative_truth: an edit is true of image j when the rules say so, never of its own source, and of none when
+    the edit leaves the caption's object phrases as they were (the rule cannot see it)."""
+    def item(i, caption, negatives, image_captions):
+        from mmgeo.data.caption_groups import phrase_words
+
+        truth = [(phrase_words(caption), [p for c in image_captions for p in phrase_words(c)],
+                  [phrase_words(n) for n in negatives])]
+        return {"pairs": [(torch.zeros(1), caption, negatives)], "index": i, "epoch": 0, "step": 0, "truth": truth}
+
+    items = [item(0, "a small red circle on the left",
+                  ["a small red square on the left", "a big red circle on the left"],
+                  ["a small red circle on the left and a big blue square on the right"]),
+             item(1, "a small red square on the left", ["a small red circle on the left"],
+                  ["a small red square on the left", "there is a small red square on the left and a green circle"]),
+             item(2, "a green circle below it", ["a green circle above it"],
+                  ["a blue square and a green circle below it"]),
+             item(3, "a big red circle on the left", ["a big red circle on the right"],
+                  ["a big red circle on the left", "a small red square on the left"])]
+    batch = Collate(lambda texts: {"texts": texts})(items)
+    assert batch["negative_source"].tolist() == [0, 0, 1, 2, 3]
+    assert batch["negative_truth"].tolist() == [
+        [False, True, False, True],  # "a small red square on the left": images 1 and 3, not its source 0
+        [False, False, False, True],  # "a big red circle on the left": image 3
+        [True, False, False, False],  # "a small red circle on the left" (of image 1's): image 0, not source 1
+        [False, False, False, False],  # a flipped relation to "it": the phrases are the caption's, so no truth
+        [False, False, False, False]]  # "a big red circle on the right": nobody
+
+
+def test_training_with_edit_queries_logs_the_term(tmp_path):
+    """loss.edit_query_weight turns on the caption truth the term needs (without masking true captions out of
+    the InfoNCE negatives, which data.mask_true_captions does) and logs loss_edit_query."""
+    import csv
+
+    model = _train(tmp_path / "eq", steps=3, extra=["--data.caption_negatives", "2", "--data.partial_captions", "1.0",
+                                                    "--loss.edit_query_weight", "1.0"])
+    rows = [r for r in csv.DictReader(open(model.parent / "metrics.csv")) if r.get("train/loss")]
+    assert "train/loss_edit_query" in rows[0]
+    assert all(np.isfinite(float(r["train/loss_edit_query"])) for r in rows if r["train/loss_edit_query"])

@@ -135,3 +135,40 @@ def test_negative_query_of_a_single_image_is_zero_not_infinite():
     assert loss.item() == 0.0
     loss.backward()
     assert torch.equal(logits.grad, torch.zeros_like(logits))
+
+
+def test_edit_query_is_minus_log_the_probability_of_the_images_each_edit_is_true_of():
+    from mmgeo.training.losses import edit_query
+
+    torch.manual_seed(2)
+    neg = {"geometric": torch.randn(4, 5), "global": torch.randn(4, 5)}  # 4 edits against 5 images
+    truth = torch.tensor([[0, 1, 0, 1, 0], [0, 0, 0, 0, 0], [1, 0, 0, 0, 0], [0, 0, 0, 0, 0]], dtype=torch.bool)
+    want = {k: -torch.stack([F.softmax(v[0], 0)[[1, 3]].sum().log(), F.softmax(v[2], 0)[0].log()]).mean()
+            for k, v in neg.items()}  # rows 1 and 3 are true of no image: left out, not averaged in
+    torch.testing.assert_close(edit_query(neg, truth, 0.5), want["geometric"] + 0.5 * want["global"])
+    none = torch.zeros(4, 5, requires_grad=True)
+    loss = edit_query({"global": none}, torch.zeros(4, 5, dtype=torch.bool), 1.0)
+    loss.backward()
+    assert loss.item() == 0.0 and torch.equal(none.grad, torch.zeros_like(none))
+
+
+def test_edit_query_raises_the_true_images_above_the_rest():
+    from mmgeo.training.losses import edit_query
+
+    logits = torch.randn(2, 4, requires_grad=True)
+    truth = torch.tensor([[0, 1, 0, 0], [1, 0, 1, 0]], dtype=torch.bool)
+    edit_query({"global": logits}, truth, 1.0).backward()
+    g = logits.grad  # descent moves each logit by -g
+    assert (g[truth] < 0).all() and (g[~truth] > 0).all()
+
+
+def test_retrieval_loss_adds_the_edit_query_term_only_when_weighted():
+    torch.manual_seed(3)
+    logits = {"geometric": torch.randn(4, 4), "global": torch.randn(4, 4)}
+    neg = {"geometric": torch.randn(3, 4), "global": torch.randn(3, 4)}
+    truth = torch.tensor([[0, 1, 0, 0], [0, 0, 0, 0], [0, 0, 1, 1]], dtype=torch.bool)
+    base = retrieval_loss(logits, 0.5, neg)
+    off = retrieval_loss(logits, 0.5, neg, negative_truth=truth, edit_query_weight=0.0)
+    on = retrieval_loss(logits, 0.5, neg, negative_truth=truth, edit_query_weight=2.0)
+    assert "loss_edit_query" not in off and torch.equal(off["loss"], base["loss"])
+    torch.testing.assert_close(on["loss"], base["loss"] + 2.0 * on["loss_edit_query"])
