@@ -8,7 +8,8 @@ Writes under runs/<name>/: config.yaml (the resolved config), metrics.csv (losse
 validation R@K), checkpoints/ (step checkpoints, written atomically, for --resume), model.pt (for
 eval.py / load_model), samples.tsv (with trainer.log_samples: the items of every step). A folder that already
 holds a run (model.pt, step checkpoints or metrics.csv) is refused unless --resume or --overwrite is given;
---overwrite removes only those outputs, never other files in the folder.
+--overwrite removes only those outputs, never other files in the folder. A run that seems hung prints every
+thread's Python stack to stderr on ``kill -USR1 PID`` (each rank and loader worker is a process of its own).
 """
 
 from __future__ import annotations
@@ -25,4 +26,8 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> Path:
 
 
 if __name__ == "__main__":
+    import faulthandler
+    import signal
+
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # kill -USR1 PID: every thread's stack (hung runs)
     run_cli(main)

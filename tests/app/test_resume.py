@@ -6,6 +6,7 @@ killed + resumed run use the same config; dropout is on (per-step seeds make it 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -42,9 +43,36 @@ def _run(args: list[str], **kw) -> subprocess.Popen:
                             stderr=subprocess.STDOUT, text=True, **kw)
 
 
-def _finish(proc: subprocess.Popen) -> str:
-    out, _ = proc.communicate(timeout=300)
+def _finish(proc: subprocess.Popen, timeout: float = 300) -> str:
+    """The run's output once it ends; past ``timeout`` every process of it (ranks, loader workers) prints its
+    stacks (train.py's SIGUSR1) and is killed, and the test fails with them."""
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        tree = [proc.pid, *_descendants(proc.pid)]
+        for sig in (signal.SIGUSR1, signal.SIGKILL):
+            for pid in tree:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, sig)
+            time.sleep(3)
+        out, _ = proc.communicate()
+        pytest.fail(f"train.py still running after {timeout} s; the stacks of its processes {tree}:\n{out[-30000:]}")
     assert proc.returncode == 0, out[-3000:]
+    return out
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (from /proc)."""
+    parent = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            parent[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+    out, todo = [], [pid]
+    while todo:
+        at = todo.pop()
+        kids = [p for p, pp in parent.items() if pp == at]
+        out += kids
+        todo += kids
     return out
 
 
