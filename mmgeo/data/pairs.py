@@ -75,25 +75,27 @@ class CaptionPairs(Dataset):
         """The item of ``samples`` ((image, captions), and its variant with hard negatives) of sample ``i``: the
         one path of map-style data and of shard streams (``mmgeo.data.shard_stream``)."""
         rng = np.random.default_rng([self.seed, epoch, i])
-        pairs, truth = [], []
+        pairs, truth, partial = [], [], []
         for image, captions in samples:
-            caption = captions[rng.integers(len(captions))]
+            caption = whole = captions[rng.integers(len(captions))]
             if self.partial_captions and rng.random() < self.partial_captions:  # no draw when off: runs replay
                 caption = partial_caption(caption, rng) or caption
+            partial.append(caption != whole)
             negatives = caption_negatives(caption, rng, self.caption_negatives, self.negative_kinds,
                                           self.vocabulary, self.negative_weights) if self.caption_negatives else []
             pairs.append((self.transform(image), caption, negatives))
             if self.caption_truth:
                 truth.append((phrase_words(caption), [p for c in captions for p in phrase_words(c)],
                               [phrase_words(n) for n in negatives]))
-        item = {"pairs": pairs, "index": i, "epoch": epoch, "step": step}
+        item = {"pairs": pairs, "partial": partial, "index": i, "epoch": epoch, "step": step}
         return {**item, "truth": truth} if self.caption_truth else item
 
 
 class Collate:
     """Items -> one batch: pixels (B, 3, H, W), the B captions then every negative caption tokenised together
     (``input_ids`` / ``attention_mask`` (B + N_neg, T)); ``num_captions`` = B; ``negative_source`` (N_neg,) the pair
-    each negative was made from; with items that carry caption
+    each negative was made from, ``negative_partial`` (N_neg,) whether that pair's caption is a sub-caption; with
+    items that carry caption
     truth (``CaptionPairs(caption_truth=True)``), ``positives`` (B, B) bool: caption i true of image j, i ≠ j, and
     ``negative_truth`` (N_neg, B) bool: negative n true of image j by the text rules, never of its own source (the
     edit was made to be false of it) and of none when the rule cannot see the edit (its object phrases are the
@@ -111,7 +113,9 @@ class Collate:
         epoch, step = steps.pop()
         texts = [c for _, c, _ in pairs] + [n for _, _, negs in pairs for n in negs]
         source = [i for i, (_, _, negs) in enumerate(pairs) for _ in negs]  # the pair each negative edits
-        extra = {"negative_source": torch.tensor(source, dtype=torch.long)}  # (N_neg,)
+        partial = [p for item in batch for p in item.get("partial", [False] * len(item["pairs"]))]
+        extra = {"negative_source": torch.tensor(source, dtype=torch.long),  # (N_neg,)
+                 "negative_partial": torch.tensor([partial[i] for i in source], dtype=torch.bool)}  # (N_neg,)
         if "truth" in batch[0]:
             truth = [t for item in batch for t in item["truth"]]
             images = [im for _, im, _ in truth]

@@ -73,9 +73,16 @@ class LossConfig:
     # (teacher detached; mmgeo.training.losses.distillation): the first stage learns from the re-rank
     negative_query_weight: float = 0.0  # caption edits as queries: -log(1 - p) of the image each was made from among
     # the batch's images (text->image side; mmgeo.training.losses.negative_query)
+    negative_query_rows: str = "all"  # the edits negative_query takes: all | sub_captions (edits of sub-captions) |
+    # true_of_another (edits the text rules find true of another image of the batch)
     edit_query_weight: float = 0.0  # caption edits as queries of the batch images they are true of by text rules,
     # above the image each was made from (mmgeo.training.losses.edit_query; needs data.caption_negatives)
     local_loss: bool = False  # several ranks: score local captions/images against all (2·B·W·B pairs, not (W·B)²)
+
+    def __post_init__(self):
+        if self.negative_query_rows not in ("all", "sub_captions", "true_of_another"):
+            raise ValueError(f"loss.negative_query_rows={self.negative_query_rows!r}: use all, sub_captions or "
+                             "true_of_another")
 
 
 @dataclass

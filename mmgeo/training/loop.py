@@ -69,9 +69,12 @@ def build_loader(cfg: TrainConfig, module: RetrievalModule, train) -> ResumableL
     if groups and (isinstance(train, ShardSource) or (t.batch_size // (per_item * world)) % groups):
         raise SystemExit(f"data.caption_groups={groups} needs map-style data (not shards) and must divide the "
                          f"{t.batch_size // (per_item * world)} images per device of a batch; set it to 0 or a divisor")
+    loss = cfg.loss  # the edit terms that read which edits are true of which images need the caption truth
+    truth = cfg.data.mask_true_captions or bool(loss.edit_query_weight) or (
+        bool(loss.negative_query_weight) and loss.negative_query_rows == "true_of_another")
     pairs = CaptionPairs(train, module.model.preprocess, t.seed, cfg.data.hard_negatives, cfg.data.caption_negatives,
                          cfg.data.negative_kinds, vocabulary, cfg.data.partial_captions, cfg.data.negative_weights,
-                         caption_truth=cfg.data.mask_true_captions or bool(cfg.loss.edit_query_weight))
+                         caption_truth=truth)
     if isinstance(train, ShardSource):
         stream = ShardPairs(train, pairs, Collate(module.model.tokenize), t.batch_size // world, t.seed)
         return ShardLoader(stream, t.batch_size, cfg.data.num_workers)

@@ -2,8 +2,22 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
+
+
+@dataclass
+class EditQueries:
+    """Caption edits as text->image queries (``with_edit_queries``): what the batch says of each edit, and the
+    weights of the two terms."""
+
+    source: torch.Tensor  # (N_neg,) the pair (image column) each edit was made from
+    negative_weight: float = 0.0  # weight of negative_query (-log(1 - p) of the source)
+    edit_weight: float = 0.0  # weight of edit_query (-log p of the images the edit is true of)
+    truth: torch.Tensor | None = None  # (N_neg, B) bool: edit n true of image j by text rules (Collate)
+    rows: torch.Tensor | None = None  # (N_neg,) bool: the edits negative_query takes (None = all)
 
 
 def infonce(text_logits: torch.Tensor, image_logits: torch.Tensor, offset: int = 0,
@@ -43,7 +57,7 @@ def distillation(text_side: dict[str, torch.Tensor], image_side: dict[str, torch
 
 
 def negative_query(negative_logits: dict[str, torch.Tensor], source: torch.Tensor,
-                   global_weight: float) -> torch.Tensor:
+                   global_weight: float, rows: torch.Tensor | None = None) -> torch.Tensor:
     """Caption edits as text->image queries: -log(1 - p), p = the in-batch softmax probability of the image each
     edit was made from — an image known to be false of it (unlikelihood; Welleck et al., ICLR 2020). "a small red
     square" made from an image's "a small red circle" must rank that image below the rest; the image->text side
@@ -51,9 +65,12 @@ def negative_query(negative_logits: dict[str, torch.Tensor], source: torch.Tenso
     an edit, so they are not pushed up or down one by one, only relative to its source.
 
     ``negative_logits`` (N_neg, B) per score; ``source`` (N_neg,) the column of each edit's image. Geometric term
-    + ``global_weight`` · global term, as the InfoNCE terms combine. With one image there is nothing to rank it
-    below: the term is zero."""
-    if next(iter(negative_logits.values())).shape[1] < 2:
+    + ``global_weight`` · global term, as the InfoNCE terms combine. ``rows`` (N_neg,) bool: only those edits
+    (``with_edit_queries``). With one image there is nothing to rank it below, with no row nothing to rank: the
+    term is zero."""
+    if rows is not None:
+        negative_logits, source = {k: v[rows] for k, v in negative_logits.items()}, source[rows]
+    if next(iter(negative_logits.values())).shape[1] < 2 or not len(source):
         return sum(v.sum() * 0.0 for v in negative_logits.values())
     rows = torch.arange(len(source), device=source.device)
     terms = {}
@@ -65,8 +82,7 @@ def negative_query(negative_logits: dict[str, torch.Tensor], source: torch.Tenso
     return combine(terms, global_weight)
 
 
-def edit_query(negative_logits: dict[str, torch.Tensor], truth: torch.Tensor,
-               global_weight: float) -> torch.Tensor:
+def edit_query(negative_logits: dict[str, torch.Tensor], truth: torch.Tensor) -> torch.Tensor:
     """Caption edits as text->image queries of the batch images they are true of: -log Σ_{j true} p_j over the
     edit's in-batch softmax, for each edit true of some image (``truth``, by text rules; never its own source,
     ``mmgeo.data.pairs.Collate``). "a small red square" made from an image's "a small red circle" and true of
@@ -74,17 +90,16 @@ def edit_query(negative_logits: dict[str, torch.Tensor], truth: torch.Tensor,
     one-object search needs, on pairs the rules know to be right. Edits true of no image (most full-caption
     edits; any pair the training images never hold, e.g. cogent's held-out ones) add nothing.
 
-    ``negative_logits`` (N_neg, B) per score; ``truth`` (N_neg, B) bool. Geometric term + ``global_weight`` ·
-    global term. Zero when no edit is true of an image."""
+    ``negative_logits`` (N_neg, B) per score; ``truth`` (N_neg, B) bool. On the geometric score only (the global
+    one for a global-only model): the first stage has only to keep the true images among its K' candidates, the
+    re-rank orders them, and asking the one global vector for this order kept it at chance in training
+    (docs/measurements/retrieval.md). Zero when no edit is true of an image."""
+    logits = negative_logits.get("geometric", negative_logits["global"]).float()  # (N_neg, B)
     rows = truth.any(1)  # (N_neg,)
     if not bool(rows.any()):
-        return sum(v.sum() * 0.0 for v in negative_logits.values())
-    terms = {}
-    for k, logits in negative_logits.items():
-        logits = logits.float()[rows]  # (N_true, B)
-        terms[k] = (torch.logsumexp(logits, 1) - torch.logsumexp(logits.masked_fill(~truth[rows], float("-inf")), 1)
-                    ).mean()
-    return combine(terms, global_weight)
+        return logits.sum() * 0.0
+    logits, truth = logits[rows], truth[rows]  # (N_true, B)
+    return (torch.logsumexp(logits, 1) - torch.logsumexp(logits.masked_fill(~truth, float("-inf")), 1)).mean()
 
 
 def combine(terms: dict[str, torch.Tensor], global_weight: float) -> torch.Tensor:
@@ -111,9 +126,7 @@ def _loss(text_side: dict[str, torch.Tensor], image_side: dict[str, torch.Tensor
 def retrieval_loss(logits: dict[str, torch.Tensor], global_weight: float = 1.0,
                    negative_logits: dict[str, torch.Tensor] | None = None,
                    distill_weight: float = 0.0, positives: torch.Tensor | None = None,
-                   negative_source: torch.Tensor | None = None,
-                   negative_query_weight: float = 0.0, negative_truth: torch.Tensor | None = None,
-                   edit_query_weight: float = 0.0) -> dict[str, torch.Tensor]:
+                   edits: EditQueries | None = None) -> dict[str, torch.Tensor]:
     """docs/design.md §2: InfoNCE on the geometric score + λ · InfoNCE on the global score (+ distillation).
 
     ``logits`` from ``GeoRetriever.logits`` (B, B); returns {"loss", "loss_geometric"?, "loss_global",
@@ -121,9 +134,7 @@ def retrieval_loss(logits: dict[str, torch.Tensor], global_weight: float = 1.0,
     join the image->text side only, as NegCLIP does (Yuksekgonul et al., ICLR 2023). A global-only model (CLIP
     baseline) trains on the global term alone, at weight 1. ``distill_weight``: weight of ``distillation``.
     ``positives`` (B, B) bool: caption i true of image j, left out of the negatives (``infonce``).
-    ``negative_query_weight``: weight of ``negative_query`` on ``negative_logits``, whose rows were made from the
-    images ``negative_source`` (N_neg,) names; ``edit_query_weight``: weight of ``edit_query`` on them, true of
-    the images ``negative_truth`` (N_neg, B) marks.
+    ``edits``: ``negative_logits`` as text->image queries too (``with_edit_queries``).
     """
     for v in logits.values():
         if v.dim() != 2 or v.shape[0] != v.shape[1]:
@@ -131,30 +142,27 @@ def retrieval_loss(logits: dict[str, torch.Tensor], global_weight: float = 1.0,
     image_side = {k: (v if negative_logits is None else torch.cat([v, negative_logits[k]])).T
                   for k, v in logits.items()}
     out = _loss(logits, image_side, global_weight, distill_weight, positives=positives)
-    return with_negative_query(out, negative_logits, negative_source, negative_query_weight, global_weight,
-                               negative_truth, edit_query_weight)
+    return with_edit_queries(out, negative_logits, edits, global_weight)
 
 
-def with_negative_query(out: dict, negative_logits, source, weight: float, global_weight: float,
-                        truth: torch.Tensor | None = None, edit_weight: float = 0.0) -> dict:
-    """``out`` with the edits-as-queries terms added and weighted into "loss" where weighted and negatives exist:
-    ``loss_negative_query`` (``negative_query``, of ``source``) and ``loss_edit_query`` (``edit_query``, of
-    ``truth``)."""
-    if negative_logits is None:
+def with_edit_queries(out: dict, negative_logits, edits: EditQueries | None, global_weight: float) -> dict:
+    """``out`` with the edits-as-queries terms added and weighted into "loss" where weighted and edits exist:
+    ``loss_negative_query`` (``negative_query`` over the ``edits.rows``) and ``loss_edit_query``
+    (``edit_query`` of ``edits.truth``)."""
+    if negative_logits is None or edits is None or not len(edits.source):
         return out
-    if weight and source is not None and len(source):
-        out["loss_negative_query"] = negative_query(negative_logits, source, global_weight)
-        out["loss"] = out["loss"] + weight * out["loss_negative_query"]
-    if edit_weight and truth is not None and len(truth):
-        out["loss_edit_query"] = edit_query(negative_logits, truth, global_weight)
-        out["loss"] = out["loss"] + edit_weight * out["loss_edit_query"]
+    if edits.negative_weight:
+        out["loss_negative_query"] = negative_query(negative_logits, edits.source, global_weight, edits.rows)
+        out["loss"] = out["loss"] + edits.negative_weight * out["loss_negative_query"]
+    if edits.edit_weight and edits.truth is not None:
+        out["loss_edit_query"] = edit_query(negative_logits, edits.truth)
+        out["loss"] = out["loss"] + edits.edit_weight * out["loss_edit_query"]
     return out
 
 
 def contrastive_loss(model, text, image, global_weight: float = 1.0, local_loss: bool = False,
                      negatives=None, distill_weight: float = 0.0, positives: torch.Tensor | None = None,
-                     negative_source: torch.Tensor | None = None, negative_query_weight: float = 0.0,
-                     negative_truth: torch.Tensor | None = None, edit_query_weight: float = 0.0) -> dict:
+                     edits: EditQueries | None = None) -> dict:
     """The retrieval loss over the *global* batch when training on several ranks (open_clip's ClipLoss).
 
     ``text``/``image``: this rank's Embeddings (B local pairs). On one process it is ``retrieval_loss``.
@@ -177,9 +185,8 @@ def contrastive_loss(model, text, image, global_weight: float = 1.0, local_loss:
     ``positives`` (B, B) bool: this rank's captions true of this rank's other images (``infonce``); on several
     ranks pairs across ranks are not known and stay negatives (caption groups never span ranks).
 
-    ``negative_query_weight``: the weight of ``negative_query`` — this rank's negatives (made from the local pairs
-    ``negative_source`` names) against this rank's images; on several ranks an extra (N_neg, B) scoring.
-    ``edit_query_weight``: the weight of ``edit_query`` on the same scores (true of ``negative_truth``).
+    ``edits``: this rank's negatives as text->image queries against this rank's images (``with_edit_queries``);
+    on several ranks an extra (N_neg, B) scoring.
 
     Limits: equal local batch sizes; dropout draws differ from a single process (each rank its own masks).
     """
@@ -187,13 +194,11 @@ def contrastive_loss(model, text, image, global_weight: float = 1.0, local_loss:
 
     if rank_and_world()[1] == 1:
         neg = None if negatives is None or len(negatives) == 0 else model.logits(negatives, image)  # (N_neg, B)
-        return retrieval_loss(model.logits(text, image), global_weight, neg, distill_weight, positives,
-                              negative_source, negative_query_weight, negative_truth, edit_query_weight)
+        return retrieval_loss(model.logits(text, image), global_weight, neg, distill_weight, positives, edits)
     out = _distributed_loss(model, text, image, global_weight, local_loss, negatives, distill_weight, positives)
-    local_neg = model.logits(negatives, image) if (negative_query_weight or edit_query_weight) \
+    local_neg = model.logits(negatives, image) if edits is not None and (edits.negative_weight or edits.edit_weight) \
         and negatives is not None and len(negatives) else None  # (N_neg, B) this rank's edits vs its images
-    return with_negative_query(out, local_neg, negative_source, negative_query_weight, global_weight,
-                               negative_truth, edit_query_weight)
+    return with_edit_queries(out, local_neg, edits, global_weight)
 
 
 def _distributed_loss(model, text, image, global_weight, local_loss, negatives, distill_weight, positives) -> dict:

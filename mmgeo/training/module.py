@@ -19,7 +19,7 @@ from mmgeo.models import create_model
 from mmgeo.models.checkpoint import model_record
 from mmgeo.training.config import TrainConfig
 from mmgeo.training.distributed import all_gather_no_grad, all_reduce_any, rank_and_world
-from mmgeo.training.losses import contrastive_loss
+from mmgeo.training.losses import EditQueries, contrastive_loss
 
 
 def step_seed(seed: int, step: int, rank: int) -> int:
@@ -62,8 +62,7 @@ class RetrievalModule(L.LightningModule):
         losses = contrastive_loss(self.model, text[:B], image, self.cfg.loss.global_weight, self.cfg.loss.local_loss,
                                   negatives, self.cfg.loss.distill_weight,
                                   batch.get("positives") if self.cfg.data.mask_true_captions else None,
-                                  batch.get("negative_source"), self.cfg.loss.negative_query_weight,
-                                  batch.get("negative_truth"), self.cfg.loss.edit_query_weight)
+                                  edit_queries(batch, self.cfg.loss))
         if self.cfg.aids.ortho_weight > 0 and self.model.geometric:
             losses["ortho"] = sum(orthogonality_penalty(w) for w in self.model.qk_maps().values())
             losses["loss"] = losses["loss"] + self.cfg.aids.ortho_weight * losses["ortho"]
@@ -148,3 +147,15 @@ class RetrievalModule(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint):
         checkpoint["mmgeo"] = model_record(self.model)
+
+
+def edit_queries(batch: dict, loss) -> EditQueries | None:
+    """The batch's caption edits as text->image queries, as the loss config ``loss`` weighs them (None when off);
+    ``loss.negative_query_rows`` picks the edits ``negative_query`` takes: all, those of sub-captions, or those
+    the text rules find true of another image of the batch."""
+    if not (loss.negative_query_weight or loss.edit_query_weight) or "negative_source" not in batch:
+        return None
+    truth = batch.get("negative_truth")
+    rows = {"all": None, "sub_captions": batch.get("negative_partial"),
+            "true_of_another": None if truth is None else truth.any(1)}[loss.negative_query_rows]
+    return EditQueries(batch["negative_source"], loss.negative_query_weight, loss.edit_query_weight, truth, rows)

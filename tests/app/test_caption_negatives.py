@@ -28,6 +28,7 @@ def test_pairs_carry_edited_captions_and_collate_puts_them_after_the_captions():
     assert batch["texts"][:4] == [it["pairs"][0][1] for it in items]
     source = [i for i, it in enumerate(items) for _ in it["pairs"][0][2]]  # each negative's pair
     assert batch["negative_source"].tolist() == source
+    assert not batch["negative_partial"].any()  # no caption was cut to a sub-caption
 
 
 def test_training_with_caption_negatives_changes_the_loss(tmp_path):
@@ -115,8 +116,10 @@ def test_collate_marks_each_edit_true_of_the_other_images_the_text_rules_allow()
                   ["a blue square and a green circle below it"]),
              item(3, "a big red circle on the left", ["a big red circle on the right"],
                   ["a big red circle on the left", "a small red square on the left"])]
+    items[1]["partial"] = [True]  # its caption a sub-caption: its edits are marked
     batch = Collate(lambda texts: {"texts": texts})(items)
     assert batch["negative_source"].tolist() == [0, 0, 1, 2, 3]
+    assert batch["negative_partial"].tolist() == [False, False, True, False, False]
     assert batch["negative_truth"].tolist() == [
         [False, True, False, True],  # "a small red square on the left": images 1 and 3, not its source 0
         [False, False, False, True],  # "a big red circle on the left": image 3
@@ -135,3 +138,12 @@ def test_training_with_edit_queries_logs_the_term(tmp_path):
     rows = [r for r in csv.DictReader(open(model.parent / "metrics.csv")) if r.get("train/loss")]
     assert "train/loss_edit_query" in rows[0]
     assert all(np.isfinite(float(r["train/loss_edit_query"])) for r in rows if r["train/loss_edit_query"])
+
+
+def test_items_say_whether_their_caption_was_cut_to_a_sub_caption():
+    world = ShapesWorld("train", size=16, image_size=32)
+    pairs = CaptionPairs(world, lambda im: torch.zeros(3, 32, 32), seed=0, caption_negatives=1, partial_captions=0.5)
+    items = [pairs[(i, 0, 0)] for i in range(16)]
+    cut = [it["partial"][0] for it in items]
+    assert cut == [it["pairs"][0][1] not in world[it["index"]][1] for it in items]  # cut = not one of the five
+    assert any(cut) and not all(cut)

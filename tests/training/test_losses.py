@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mmgeo.training.losses import retrieval_loss, symmetric_infonce
+from mmgeo.training.losses import EditQueries, retrieval_loss, symmetric_infonce
 
 
 def test_symmetric_infonce_is_the_mean_of_both_directions():
@@ -121,8 +121,8 @@ def test_retrieval_loss_adds_the_negative_query_term_only_when_weighted():
     neg = {"geometric": torch.randn(6, 4), "global": torch.randn(6, 4)}
     source = torch.tensor([0, 0, 1, 2, 3, 3])
     base = retrieval_loss(logits, 0.5, neg)
-    off = retrieval_loss(logits, 0.5, neg, negative_source=source, negative_query_weight=0.0)
-    on = retrieval_loss(logits, 0.5, neg, negative_source=source, negative_query_weight=2.0)
+    off = retrieval_loss(logits, 0.5, neg, edits=EditQueries(source, negative_weight=0.0))
+    on = retrieval_loss(logits, 0.5, neg, edits=EditQueries(source, negative_weight=2.0))
     assert "loss_negative_query" not in off and torch.equal(off["loss"], base["loss"])
     torch.testing.assert_close(on["loss"], base["loss"] + 2.0 * on["loss_negative_query"])
 
@@ -145,9 +145,10 @@ def test_edit_query_is_minus_log_the_probability_of_the_images_each_edit_is_true
     truth = torch.tensor([[0, 1, 0, 1, 0], [0, 0, 0, 0, 0], [1, 0, 0, 0, 0], [0, 0, 0, 0, 0]], dtype=torch.bool)
     want = {k: -torch.stack([F.softmax(v[0], 0)[[1, 3]].sum().log(), F.softmax(v[2], 0)[0].log()]).mean()
             for k, v in neg.items()}  # rows 1 and 3 are true of no image: left out, not averaged in
-    torch.testing.assert_close(edit_query(neg, truth, 0.5), want["geometric"] + 0.5 * want["global"])
+    torch.testing.assert_close(edit_query(neg, truth), want["geometric"])  # the geometric score alone
+    torch.testing.assert_close(edit_query({"global": neg["global"]}, truth), want["global"])  # a global-only model
     none = torch.zeros(4, 5, requires_grad=True)
-    loss = edit_query({"global": none}, torch.zeros(4, 5, dtype=torch.bool), 1.0)
+    loss = edit_query({"global": none}, torch.zeros(4, 5, dtype=torch.bool))
     loss.backward()
     assert loss.item() == 0.0 and torch.equal(none.grad, torch.zeros_like(none))
 
@@ -157,7 +158,7 @@ def test_edit_query_raises_the_true_images_above_the_rest():
 
     logits = torch.randn(2, 4, requires_grad=True)
     truth = torch.tensor([[0, 1, 0, 0], [1, 0, 1, 0]], dtype=torch.bool)
-    edit_query({"global": logits}, truth, 1.0).backward()
+    edit_query({"global": logits}, truth).backward()
     g = logits.grad  # descent moves each logit by -g
     assert (g[truth] < 0).all() and (g[~truth] > 0).all()
 
@@ -168,7 +169,35 @@ def test_retrieval_loss_adds_the_edit_query_term_only_when_weighted():
     neg = {"geometric": torch.randn(3, 4), "global": torch.randn(3, 4)}
     truth = torch.tensor([[0, 1, 0, 0], [0, 0, 0, 0], [0, 0, 1, 1]], dtype=torch.bool)
     base = retrieval_loss(logits, 0.5, neg)
-    off = retrieval_loss(logits, 0.5, neg, negative_truth=truth, edit_query_weight=0.0)
-    on = retrieval_loss(logits, 0.5, neg, negative_truth=truth, edit_query_weight=2.0)
+    source = torch.tensor([0, 1, 3])
+    off = retrieval_loss(logits, 0.5, neg, edits=EditQueries(source, edit_weight=0.0, truth=truth))
+    on = retrieval_loss(logits, 0.5, neg, edits=EditQueries(source, edit_weight=2.0, truth=truth))
     assert "loss_edit_query" not in off and torch.equal(off["loss"], base["loss"])
     torch.testing.assert_close(on["loss"], base["loss"] + 2.0 * on["loss_edit_query"])
+
+
+def test_negative_query_takes_only_the_rows_asked_for():
+    from mmgeo.training.losses import negative_query
+
+    torch.manual_seed(5)
+    neg = {"global": torch.randn(4, 3)}
+    source, rows = torch.tensor([0, 1, 2, 0]), torch.tensor([True, False, False, True])
+    torch.testing.assert_close(negative_query(neg, source, 1.0, rows),
+                               negative_query({"global": neg["global"][rows]}, source[rows], 1.0))
+    assert negative_query(neg, source, 1.0, torch.zeros(4, dtype=torch.bool)).item() == 0.0
+
+
+@pytest.mark.parametrize("which, rows", [("all", None), ("sub_captions", [True, False, True]),
+                                         ("true_of_another", [False, True, False])])
+def test_the_config_picks_the_edits_negative_query_takes(which, rows):
+    from mmgeo.training.config import LossConfig
+    from mmgeo.training.module import edit_queries
+
+    batch = {"negative_source": torch.tensor([0, 1, 1]), "negative_partial": torch.tensor([True, False, True]),
+             "negative_truth": torch.tensor([[False, False], [True, False], [False, False]])}
+    edits = edit_queries(batch, LossConfig(negative_query_weight=1.0, negative_query_rows=which))
+    assert edits.negative_weight == 1.0 and edits.edit_weight == 0.0
+    assert (edits.rows if rows is None else edits.rows.tolist()) == rows
+    assert edit_queries(batch, LossConfig()) is None  # both terms off
+    with pytest.raises(ValueError, match="negative_query_rows"):
+        LossConfig(negative_query_rows="some")
