@@ -155,7 +155,10 @@ def edit_queries(batch: dict, loss) -> EditQueries | None:
     the text rules find true of another image of the batch."""
     if not (loss.negative_query_weight or loss.edit_query_weight) or "negative_source" not in batch:
         return None
-    truth = batch.get("negative_truth")
+    truth, which = batch.get("negative_truth"), loss.negative_query_rows
     rows = {"all": None, "sub_captions": batch.get("negative_partial"),
-            "true_of_another": None if truth is None else truth.any(1)}[loss.negative_query_rows]
+            "true_of_another": None if truth is None else truth.any(1)}[which]
+    if loss.negative_query_weight and which != "all" and rows is None:
+        raise RuntimeError(f"loss.negative_query_rows={which} but the batch does not say which edits those are "
+                           "(CaptionPairs(caption_truth=True) for true_of_another)")
     return EditQueries(batch["negative_source"], loss.negative_query_weight, loss.edit_query_weight, truth, rows)
