@@ -72,12 +72,12 @@ def negative_query(negative_logits: dict[str, torch.Tensor], source: torch.Tenso
         negative_logits, source = {k: v[rows] for k, v in negative_logits.items()}, source[rows]
     if next(iter(negative_logits.values())).shape[1] < 2 or not len(source):
         return sum(v.sum() * 0.0 for v in negative_logits.values())
-    rows = torch.arange(len(source), device=source.device)
+    at = torch.arange(len(source), device=source.device)
     terms = {}
     for k, logits in negative_logits.items():
         logits = logits.float()
         others = logits.clone()
-        others[rows, source] = float("-inf")
+        others[at, source] = float("-inf")
         terms[k] = (torch.logsumexp(logits, 1) - torch.logsumexp(others, 1)).mean()  # -log(1 - p_source)
     return combine(terms, global_weight)
 

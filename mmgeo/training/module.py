@@ -158,7 +158,8 @@ def edit_queries(batch: dict, loss) -> EditQueries | None:
     truth, which = batch.get("negative_truth"), loss.negative_query_rows
     rows = {"all": None, "sub_captions": batch.get("negative_partial"),
             "true_of_another": None if truth is None else truth.any(1)}[which]
-    if loss.negative_query_weight and which != "all" and rows is None:
-        raise RuntimeError(f"loss.negative_query_rows={which} but the batch does not say which edits those are "
-                           "(CaptionPairs(caption_truth=True) for true_of_another)")
+    if (loss.negative_query_weight and which != "all" and rows is None) or (loss.edit_query_weight and truth is None):
+        raise RuntimeError(f"the edit terms need what the batch does not say (negative_query_rows={which}, "
+                           f"edit_query_weight={loss.edit_query_weight}): CaptionPairs(caption_truth=True) gives "
+                           "negative_truth")
     return EditQueries(batch["negative_source"], loss.negative_query_weight, loss.edit_query_weight, truth, rows)

@@ -105,7 +105,8 @@ def test_collate_marks_each_edit_true_of_the_other_images_the_text_rules_allow()
 
         truth = [(phrase_words(caption), [p for c in image_captions for p in phrase_words(c)],
                   [phrase_words(n) for n in negatives])]
-        return {"pairs": [(torch.zeros(1), caption, negatives)], "index": i, "epoch": 0, "step": 0, "truth": truth}
+        return {"pairs": [(torch.zeros(1), caption, negatives)], "partial": [False], "index": i, "epoch": 0,
+                "step": 0, "truth": truth}
 
     items = [item(0, "a small red circle on the left",
                   ["a small red square on the left", "a big red circle on the left"],

@@ -62,17 +62,14 @@ def _finish(proc: subprocess.Popen, timeout: float = 300) -> str:
 
 
 def _descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (from /proc)."""
-    parent = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            parent[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+    """Every process below ``pid`` (each thread's /proc children list)."""
     out, todo = [], [pid]
     while todo:
-        at = todo.pop()
-        kids = [p for p, pp in parent.items() if pp == at]
-        out += kids
-        todo += kids
+        with contextlib.suppress(OSError):  # a process that ended meanwhile has no children left
+            tasks = Path(f"/proc/{todo.pop()}/task").iterdir()
+            kids = [int(c) for t in tasks for c in (t / "children").read_text().split()]
+            out += kids
+            todo += kids
     return out
 
 

@@ -200,8 +200,10 @@ def test_the_config_picks_the_edits_negative_query_takes(which, rows):
     assert (edits.rows if rows is None else edits.rows.tolist()) == rows
     assert edit_queries(batch, LossConfig()) is None  # both terms off
     if rows is not None:  # never all edits in silence when the batch lacks what picks them
-        with pytest.raises(RuntimeError, match="does not say which edits"):
+        with pytest.raises(RuntimeError, match="does not say"):
             edit_queries({"negative_source": batch["negative_source"]},
                          LossConfig(negative_query_weight=1.0, negative_query_rows=which))
+    with pytest.raises(RuntimeError, match="does not say"):  # nor leaves the edit query out in silence
+        edit_queries({"negative_source": batch["negative_source"]}, LossConfig(edit_query_weight=1.0))
     with pytest.raises(ValueError, match="negative_query_rows"):
         LossConfig(negative_query_rows="some")
