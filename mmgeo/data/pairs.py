@@ -85,8 +85,9 @@ class CaptionPairs(Dataset):
                                           self.vocabulary, self.negative_weights) if self.caption_negatives else []
             pairs.append((self.transform(image), caption, negatives))
             if self.caption_truth:
-                truth.append((phrase_words(caption), [p for c in captions for p in phrase_words(c)],
-                              [phrase_words(n) for n in negatives]))
+                named = [phrase_words(c) for c in captions]  # the objects its fullest caption names: its count
+                truth.append((phrase_words(caption), [p for c in named for p in c],
+                              [phrase_words(n) for n in negatives], max(map(len, named))))
         item = {"pairs": pairs, "partial": partial, "index": i, "epoch": epoch, "step": step}
         return {**item, "truth": truth} if self.caption_truth else item
 
@@ -99,7 +100,8 @@ class Collate:
     truth (``CaptionPairs(caption_truth=True)``), ``positives`` (B, B) bool: caption i true of image j, i ≠ j, and
     ``negative_truth`` (N_neg, B) bool: negative n true of image j by the text rules, never of its own source (the
     edit was made to be false of it) and of none when the rule cannot see the edit (its object phrases are the
-    caption's, e.g. a flipped relation to "it")."""
+    caption's, e.g. a flipped relation to "it"); ``negative_whole`` (N_neg, B) bool: negative n names as many
+    objects as image j's fullest caption does, so read as a whole description of j it leaves none of j's out."""
 
     def __init__(self, tokenize):
         self.tokenize = tokenize
@@ -118,13 +120,16 @@ class Collate:
                  "negative_partial": torch.tensor([partial[i] for i in source], dtype=torch.bool)}  # (N_neg,)
         if "truth" in batch[0]:
             truth = [t for item in batch for t in item["truth"]]
-            images = [im for _, im, _ in truth]
-            extra["positives"] = true_pairs([c for c, _, _ in truth], images)  # (B, B)
-            edits = [(c, n) for c, _, negs in truth for n in negs]
+            images = [im for _, im, _, _ in truth]
+            extra["positives"] = true_pairs([c for c, _, _, _ in truth], images)  # (B, B)
+            edits = [(c, n) for c, _, negs, _ in truth for n in negs]
             seen = true_of([n for _, n in edits], images)  # (N_neg, B)
             seen[torch.arange(len(edits)), extra["negative_source"]] = False  # each edit was made false of its source
             blind = torch.tensor([Counter(c) == Counter(n) for c, n in edits], dtype=torch.bool)  # (N_neg,)
             extra["negative_truth"] = seen & ~blind[:, None]  # an edit the rule cannot see is true of nothing
+            counts = torch.tensor([count for _, _, _, count in truth])  # (B,) objects each image's captions name
+            named = torch.tensor([len(n) for _, n in edits], dtype=torch.long)  # (N_neg,) objects each edit names
+            extra["negative_whole"] = named[:, None] == counts[None, :]  # (N_neg, B)
         return {**self.tokenize(texts), **extra, "pixels": pixels, "num_captions": torch.tensor(len(pairs)),
                 "index": torch.tensor([item["index"] for item in batch]),  # (B_items,) dataset indices
                 "epoch": torch.tensor(epoch), "step": torch.tensor(step)}

@@ -99,12 +99,13 @@ def test_negative_weights_reach_the_pairs_and_a_bad_config_is_refused():
 
 def test_collate_marks_each_edit_true_of_the_other_images_the_text_rules_allow():
     """negative_truth: an edit is true of image j when the rules say so, never of its own source, and of none when
-    the edit leaves the caption's object phrases as they were (the rule cannot see it)."""
+    the edit leaves the caption's object phrases as they were (the rule cannot see it); with loss.edit_truth whole,
+    an edit of a whole caption is true only of images it names every object of."""
     def item(i, caption, negatives, image_captions):
         from mmgeo.data.caption_groups import phrase_words
 
         truth = [(phrase_words(caption), [p for c in image_captions for p in phrase_words(c)],
-                  [phrase_words(n) for n in negatives])]
+                  [phrase_words(n) for n in negatives], max(len(phrase_words(c)) for c in image_captions))]
         return {"pairs": [(torch.zeros(1), caption, negatives)], "partial": [False], "index": i, "epoch": 0,
                 "step": 0, "truth": truth}
 
@@ -127,6 +128,19 @@ def test_collate_marks_each_edit_true_of_the_other_images_the_text_rules_allow()
         [True, False, False, False],  # "a small red circle on the left" (of image 1's): image 0, not source 1
         [False, False, False, False],  # a flipped relation to "it": the phrases are the caption's, so no truth
         [False, False, False, False]]  # "a big red circle on the right": nobody
+    # as a whole description: each edit names one object; only image 3's captions name one (the others two)
+    assert batch["negative_whole"].tolist() == [[False, False, False, True]] * 5
+    from mmgeo.training.config import LossConfig
+    from mmgeo.training.module import edit_queries
+
+    whole = edit_queries(batch, LossConfig(edit_query_weight=1.0, edit_truth="whole")).truth
+    assert whole.tolist() == [
+        [False, False, False, True],  # an edit of a whole caption: not image 1's, which holds one more object
+        [False, False, False, True],
+        [True, False, False, False],  # an edit of a sub-caption keeps "contains": image 0 holds its object
+        [False, False, False, False],
+        [False, False, False, False]]
+    assert edit_queries(batch, LossConfig(edit_query_weight=1.0)).truth.tolist() == batch["negative_truth"].tolist()
 
 
 def test_training_with_edit_queries_logs_the_term(tmp_path):

@@ -207,3 +207,5 @@ def test_the_config_picks_the_edits_negative_query_takes(which, rows):
         edit_queries({"negative_source": batch["negative_source"]}, LossConfig(edit_query_weight=1.0))
     with pytest.raises(ValueError, match="negative_query_rows"):
         LossConfig(negative_query_rows="some")
+    with pytest.raises(ValueError, match="edit_truth"):
+        LossConfig(edit_truth="exact")
