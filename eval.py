@@ -34,7 +34,8 @@ on the shapes world (negatives generated from, and checked against, the scene) o
 
 --suite partial (also in all) asks what people type: queries naming one or two objects of a shapes-world scene,
 each scored against every image it is true of (P@1, P@5, nDCG@10, mAP; mmgeo.eval.partial), ranked exactly by the
-geometric and by the global score, and served (two-stage) over --index or a temporary gallery in two-stage mode.
+geometric and by the global score, and served (two-stage) over --index or a temporary gallery in two-stage mode;
+the split's own full captions are scored the same way, with own@1 (their own image first: R@1) beside P@1.
 """
 
 from __future__ import annotations
@@ -277,8 +278,10 @@ def print_partial(record: dict) -> None:
     from mmgeo.eval.partial import format_table as partial_table
 
     served = f"; served = two-stage, K'={record['k_prime']}" if record["k_prime"] else ""
-    print(f"\npartial queries: {record['queries']} naming one object, {record['queries']} naming two, over "
-          f"{record['images']} images; relevant = every image the query is true of{served}")
+    n = record["queries"]
+    print(f"\npartial queries: {n} naming one object, {n} naming two, and {n} of the split's full captions, over "
+          f"{record['images']} images; relevant = every image the query is true of; own@1 = the first hit is the "
+          f"image the query was drawn from{served}")
     print(partial_table(record))
 
 
@@ -303,7 +306,7 @@ def main(argv: list[str] | None = None) -> dict:
                         "type (docs/design.md §9); partial: queries naming one or two objects, P@1 / P@5 / "
                         "nDCG@10 / mAP against every image they are true of (synthetic); all: every suite")
     p.add_argument("--partial-queries", type=int, default=300, metavar="N",
-                   help="partial suite: N one-object and N two-object queries")
+                   help="partial suite: N one-object and N two-object queries, and N full captions")
     p.add_argument("--suite-limit", type=int, default=None,
                    help="compositional suite on the shapes world: only the first N images (default: --limit / all)")
     p.add_argument("--data-format", default=None, choices=["hf", "karpathy", "csv"],

@@ -169,7 +169,8 @@ def parse(caption: str) -> ParsedCaption | None:
     return rest and rest[1] == len(toks) and ParsedCaption("relations", (mentions[0], *rest[0])) or None
 
 
-def _holds(m: Mention, obj: ShapeObject, anchor: ShapeObject) -> bool:
+def holds(m: Mention, obj: ShapeObject, anchor: ShapeObject) -> bool:
+    """Whether ``obj`` is what ``m`` says: its size, colour, shape, and its cell or its relation to ``anchor``."""
     if (m.size, m.color, m.shape) != (obj.size, obj.color, obj.shape):
         return False
     if m.where is not None:
@@ -186,7 +187,7 @@ def align(parsed: ParsedCaption, scene: list[ShapeObject]) -> tuple[int, ...] | 
         return None
     for perm in itertools.permutations(range(len(scene))):  # at most 4! = 24
         anchor = scene[perm[0]]
-        if all(_holds(m, scene[k], anchor) for m, k in zip(parsed.mentions, perm)):
+        if all(holds(m, scene[k], anchor) for m, k in zip(parsed.mentions, perm)):
             return perm
     return None
 

@@ -7,8 +7,11 @@ three templates) — and ``relevant_images`` finds every image of the split that
 parser reads the query (``shapes_grammar.parse``) and ``satisfies`` looks for distinct scene objects, one per
 mentioned object, that hold every stated attribute. Other objects of the image may be anything.
 
-Limits: queries state cells, not relations between objects; a query's relevant set comes from the scene
-graph, which is what makes it an evaluation and never a training signal.
+``caption_queries`` draws the world's own full captions as queries the same way: a caption with no count word
+is as true of an image that holds its objects and more, so its relevant set may hold more than its own image.
+
+Limits: partial queries state cells, not relations between objects (full captions may); a query's relevant set
+comes from the scene graph, which is what makes it an evaluation and never a training signal.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mmgeo.data.shapes import CELL_PHRASES, SIZE_WORDS, ShapeObject
-from mmgeo.data.shapes_grammar import CELL_OF_PHRASE, Mention, ParsedCaption, parse
+from mmgeo.data.shapes_grammar import CELL_OF_PHRASE, Mention, ParsedCaption, align, holds, parse
 
 QUERY_TEMPLATES = ("list", "there_is", "where_first")  # the grammar's templates a partial query may take
 ATTRIBUTES = ("size", "color", "shape", "cell")  # what a mention states about its object
@@ -61,17 +64,23 @@ def make_queries(world, n: int, n_objects: int, seed: int = 0) -> list[PartialQu
         out.append(PartialQuery(ParsedCaption(template, mentions).render(), idx, mentions))
 
 
-def _holds(m: Mention, obj: ShapeObject) -> bool:
-    return (m.size, m.color, m.shape, CELL_OF_PHRASE[m.where]) == (obj.size, obj.color, obj.shape, obj.cell)
-
-
 def satisfies(parsed: ParsedCaption, scene: list[ShapeObject]) -> bool:
-    """Whether distinct objects of ``scene``, one per mention, hold every attribute the mention states."""
-    if any(m.where is None for m in parsed.mentions):
-        raise ValueError("partial queries name each object's cell; relations are not supported")
-    k = len(parsed.mentions)
-    return any(all(_holds(m, scene[j]) for m, j in zip(parsed.mentions, perm))
-               for perm in itertools.permutations(range(len(scene)), k))
+    """Whether distinct objects of ``scene``, one per mention, hold every attribute the mention states — a cell, or
+    a relation to the first mention's object; other objects of the scene may be anything, except that a count
+    caption ("two shapes : ...") also states how many objects the scene holds."""
+    if parsed.template == "count":
+        return align(parsed, scene) is not None
+    return any(all(holds(m, scene[j], scene[perm[0]]) for m, j in zip(parsed.mentions, perm))
+               for perm in itertools.permutations(range(len(scene)), len(parsed.mentions)))
+
+
+def true_images(text: str, scenes: list[list[ShapeObject]]) -> np.ndarray:
+    """Indices of every scene that ``text`` (a sentence of the grammar: a partial query or a full caption) is true
+    of (``satisfies``), ascending."""
+    parsed = parse(text)
+    if parsed is None:
+        raise ValueError(f"not a sentence of the shapes grammar: {text!r}")
+    return np.array([i for i, s in enumerate(scenes) if satisfies(parsed, s)], dtype=np.int64)
 
 
 def relevant_images(text: str, scenes: list[list[ShapeObject]]) -> np.ndarray:
@@ -79,7 +88,21 @@ def relevant_images(text: str, scenes: list[list[ShapeObject]]) -> np.ndarray:
     parsed = parse(text)
     if parsed is None or parsed.template not in QUERY_TEMPLATES:
         raise ValueError(f"not a partial query of the shapes grammar: {text!r}")
-    return np.array([i for i, s in enumerate(scenes) if satisfies(parsed, s)], dtype=np.int64)
+    return true_images(text, scenes)
+
+
+def caption_queries(world, n: int, seed: int = 0) -> list[PartialQuery]:
+    """``n`` of ``world``'s own captions as queries (image and caption drawn at random, deterministic in (seed,
+    query number)): full captions, whose relevant set is every image they are true of (``true_images``), not only
+    the image they were written for."""
+    out = []
+    for q in range(n):
+        rng = np.random.default_rng([seed, 0, q])  # 0: no partial query kind uses it (they name 1 or 2 objects)
+        idx = int(rng.integers(len(world)))
+        captions = world.captions(idx)
+        text = captions[int(rng.integers(len(captions)))]
+        out.append(PartialQuery(text, idx, parse(text).mentions))
+    return out
 
 
 def wrong_values(query: PartialQuery, scene: list[ShapeObject]) -> dict[str, set[tuple]]:
@@ -87,10 +110,10 @@ def wrong_values(query: PartialQuery, scene: list[ShapeObject]) -> dict[str, set
     right; ties: the first in the scene) and each attribute (``ATTRIBUTES``) it differs in -> {attribute:
     {(asked, got), ...}}; empty for a hit that holds every mention's object."""
     wrong: dict[str, set[tuple]] = {}
-    for m in query.mentions:
-        want = (m.size, m.color, m.shape, CELL_OF_PHRASE[m.where])
-        misses = [{a: (w, h) for a, w, h in zip(ATTRIBUTES, want, (o.size, o.color, o.shape, o.cell)) if w != h}
-                  for o in scene]
+    for m in query.mentions:  # a mention placed by a relation has no cell to get wrong
+        want = (m.size, m.color, m.shape, CELL_OF_PHRASE[m.where] if m.where is not None else None)
+        misses = [{a: (w, h) for a, w, h in zip(ATTRIBUTES, want, (o.size, o.color, o.shape, o.cell))
+                   if w is not None and w != h} for o in scene]
         for a, pair in min(misses, key=len).items():
             wrong.setdefault(a, set()).add(pair)
     return wrong

@@ -3,7 +3,10 @@
 Full-caption R@K hides this: every caption of the shapes world names every object, so any part of it identifies
 its image. Here each query (``mmgeo.data.shapes_queries``) has a relevant *set* — every image of the split the
 query is true of — and a ranking is scored as a search engine is: P@1, P@5, nDCG@10 (binary gains) and mean
-average precision, plus what wrong first hits get wrong (size, colour, shape, cell).
+average precision, plus what wrong first hits get wrong (size, colour, shape, cell). The world's own captions are
+scored the same way ("full_caption"): one with no count word is as true of an image that holds its objects and
+more, which R@1 (one relevant image) counts wrong; "own@1" (the query's own image first) beside P@1 shows how much
+of R@1's miss is that.
 
 Rankings come from exact scores over the whole split (geometric or global) or from the service's two-stage
 search (``mmgeo.search.two_stage.search_texts``: FAISS top-K' by the global vector, geometric re-rank), where
@@ -17,9 +20,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from mmgeo.data.shapes_queries import ATTRIBUTES, PartialQuery, make_queries, relevant_images, wrong_values
+from mmgeo.data.shapes_queries import ATTRIBUTES, PartialQuery, caption_queries, make_queries, true_images, wrong_values
 
-QUERY_KINDS = {"one_object": 1, "two_object": 2}  # JSON key -> objects a query names
+QUERY_KINDS = {"one_object": 1, "two_object": 2, "full_caption": None}  # JSON key -> objects a query names (None:
+# the world's own captions, all their objects)
 METRICS = ("P@1", "P@5", "nDCG@10", "mAP")
 
 
@@ -89,14 +93,17 @@ def make_query_sets(world, n: int, seed: int = 0,
     scenes = scenes if scenes is not None else [world.scene(i) for i in range(len(world))]
     out = {}
     for kind, n_objects in QUERY_KINDS.items():
-        queries = make_queries(world, n, n_objects, seed)
-        out[kind] = (queries, [relevant_images(q.text, scenes) for q in queries])
+        queries = make_queries(world, n, n_objects, seed) if n_objects else caption_queries(world, n, seed)
+        out[kind] = (queries, [true_images(q.text, scenes) for q in queries])
     return out
 
 
 def score_rankings(queries, rankings, relevant, scenes) -> dict:
-    """The record of one query set under one ranking: metrics and the first-hit error breakdown."""
-    return {**ranking_metrics(rankings, relevant), **first_hit_errors(queries, rankings, relevant, scenes)}
+    """The record of one query set under one ranking: metrics, "own@1" (the share whose first hit is the image the
+    query was drawn from: R@1 as full-caption retrieval counts it) and the first-hit error breakdown."""
+    own = float(np.mean([r[0] == q.source for q, r in zip(queries, rankings)]))
+    return {**ranking_metrics(rankings, relevant), "own@1": own,
+            **first_hit_errors(queries, rankings, relevant, scenes)}
 
 
 @torch.inference_mode()
@@ -134,8 +141,8 @@ def evaluate_partial_queries(model, world, images, n: int = 300, seed: int = 0, 
 
 def format_table(record: dict) -> str:
     """The partial-query record as a text table: one row per (query kind, ranking)."""
-    head = f"{'queries':<12}{'ranking':<18}" + "".join(f"{m:>9}" for m in METRICS) + "   wrong first hits: " + \
-        " / ".join(ATTRIBUTES)
+    head = f"{'queries':<14}{'ranking':<18}" + "".join(f"{m:>9}" for m in (*METRICS, "own@1")) + \
+        "   wrong first hits: " + " / ".join(ATTRIBUTES)
     lines = [head, "-" * len(head)]
     for kind in QUERY_KINDS:
         entry = record.get(kind)
@@ -143,7 +150,7 @@ def format_table(record: dict) -> str:
             if not isinstance(r, dict) or "P@1" not in r:
                 continue
             shares = " / ".join(f"{r['attribute_wrong'][a]:.2f}" for a in ATTRIBUTES)
-            lines.append(f"{kind:<12}{name:<18}" + "".join(f"{r[m]:>9.3f}" for m in METRICS) +
+            lines.append(f"{kind:<14}{name:<18}" + "".join(f"{r[m]:>9.3f}" for m in (*METRICS, "own@1")) +
                          f"   {r['wrong_first_hits']:>4} wrong: {shares}")
     for kind in QUERY_KINDS:  # what the first ranking of each kind confuses most (the JSON has every count)
         name, r = next(((n, r) for n, r in (record.get(kind) or {}).items() if isinstance(r, dict) and "P@1" in r),

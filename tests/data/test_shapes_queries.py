@@ -5,7 +5,14 @@ import pytest
 
 from mmgeo.data.shapes import ShapeObject, ShapesWorld
 from mmgeo.data.shapes_grammar import parse
-from mmgeo.data.shapes_queries import make_queries, relevant_images, satisfies, wrong_attributes
+from mmgeo.data.shapes_queries import (
+    caption_queries,
+    make_queries,
+    relevant_images,
+    satisfies,
+    true_images,
+    wrong_attributes,
+)
 
 RED_CIRCLE_TL = ShapeObject("circle", "red", "large", (0, 0))
 BLUE_SQUARE_C = ShapeObject("square", "blue", "small", (1, 1))
@@ -36,17 +43,45 @@ def test_relevant_images_by_hand(text, expect):
 
 
 def test_relevance_agrees_with_the_grammar_on_full_captions():
-    """A full caption of a scene (list template) is a partial query that scene satisfies, and so is every
-    sub-list of its mentions."""
+    """Every full caption of a scene, whatever its template, is true of that scene, and so is every sub-list of
+    the mentions of one that places each object in its cell; a caption the grammar finds a complete description of
+    a scene (``describes``) is true of it, and of another scene only when it has no count word."""
+    from mmgeo.data.shapes_grammar import describes
+
     world = ShapesWorld("test", image_size=48, size=40)
+    scenes = [world.scene(i) for i in range(len(world))]
     for i in range(len(world)):
         for caption in world[i][1]:
             parsed = parse(caption)
-            if parsed.template not in ("list", "there_is", "where_first"):
-                continue
-            assert satisfies(parsed, world.scene(i))
-            for m in parsed.mentions:
-                assert satisfies(parsed.with_mentions((m,)), world.scene(i))
+            assert satisfies(parsed, scenes[i]) and i in true_images(caption, scenes)
+            if parsed.template in ("list", "there_is", "where_first"):
+                for m in parsed.mentions:
+                    assert satisfies(parsed.with_mentions((m,)), scenes[i])
+            for scene in scenes:
+                if describes(caption, scene):
+                    assert satisfies(parsed, scene)
+                elif parsed.template == "count":
+                    assert not satisfies(parsed, scene)
+
+
+@pytest.mark.parametrize("text, expect", [
+    ("a big red circle in the top left", [0, 1, 5]),  # a full caption of scene 1, as true of 0 and 5
+    ("one shape : a big red circle in the top left", [1]),  # ... but "one shape" says scene 1 alone
+    ("two shapes : a big red circle in the top left and a small blue square in the center", [0]),
+    ("a small blue square in the center with a big red circle above and to the left of it", [0, 5]),
+    ("a small blue square in the center with a big red circle below it", []),  # the relation is wrong
+    ("a big red circle in the top left with a small blue square below and to the right of it", [0, 5]),
+])
+def test_full_captions_by_hand(text, expect):
+    assert true_images(text, SCENES).tolist() == expect
+
+
+def test_caption_queries_are_the_worlds_captions():
+    world = ShapesWorld("test", image_size=48, size=60)
+    queries = caption_queries(world, 30, seed=2)
+    assert queries == caption_queries(world, 30, seed=2) and queries != caption_queries(world, 30, seed=3)
+    for q in queries:
+        assert q.text in world.captions(q.source) and q.mentions == parse(q.text).mentions
 
 
 def test_queries_are_true_of_their_source_and_deterministic():
@@ -80,6 +115,8 @@ def test_wrong_attributes_of_a_near_miss():
 def test_a_text_outside_the_grammar_is_refused():
     with pytest.raises(ValueError, match="not a partial query"):
         relevant_images("a red thing somewhere", SCENES)
-    with pytest.raises(ValueError, match="not a partial query"):
+    with pytest.raises(ValueError, match="not a partial query"):  # a full caption's template: see true_images
         relevant_images("one shape : a big red circle in the top left", SCENES)
+    with pytest.raises(ValueError, match="not a sentence of the shapes grammar"):
+        true_images("a red thing somewhere", SCENES)
     assert np.array_equal(relevant_images("a big green circle in the bottom right", SCENES), [4])

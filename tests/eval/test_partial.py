@@ -43,14 +43,15 @@ def test_evaluation_exact_and_served_on_a_tiny_model(tmp_path):
     images = model.encode_image([world[i][0] for i in range(len(world))])
     build_gallery_from_embedding(model, images, tmp_path / "index")
     record = evaluate_partial_queries(model, world, images, n=12, gallery=Gallery(tmp_path / "index"), k_prime=20)
-    for kind in ("one_object", "two_object"):
+    for kind in ("one_object", "two_object", "full_caption"):
         for ranking in ("exact_geometric", "exact_global", "served"):
             r = record[kind][ranking]
             assert 0 <= r["P@1"] <= 1 and 0 <= r["mAP"] <= 1
             assert r["wrong_first_hits"] == round(12 * (1 - r["P@1"]))
+            assert r["own@1"] <= r["P@1"]  # a query's own image is always one it is true of
         assert record[kind]["relevant_per_query"]["min"] >= 1
     table = format_table(record)
-    assert "one_object" in table and "served" in table and "nDCG@10" in table
+    assert "one_object" in table and "full_caption" in table and "served" in table and "own@1" in table
 
 
 def test_first_hit_confusions_count_what_was_asked_and_what_came_back():
@@ -74,3 +75,26 @@ def test_first_hit_confusions_count_what_was_asked_and_what_came_back():
     assert out["attribute_wrong"]["shape"] == 1.0 and out["attribute_wrong"]["color"] == 0.5
     assert out["attribute_wrong_alone"] == {"size": 0.0, "color": 0.0, "shape": 0.5, "cell": 0.0}
     assert out["confusions"]["shape"] == {"circle -> square": 2} and out["confusions"]["color"] == {"red -> blue": 1}
+
+
+def test_own_at_1_counts_the_image_a_query_was_drawn_from():
+    """A full caption true of its own image and of another: a first hit on the other is right for P@1, not own@1."""
+    from mmgeo.data.shapes import ShapeObject
+    from mmgeo.data.shapes_queries import caption_queries, true_images
+    from mmgeo.eval.partial import score_rankings
+
+    circle, square = ShapeObject("circle", "red", "large", (0, 0)), ShapeObject("square", "blue", "small", (1, 1))
+    scenes = [[circle], [circle, square], [square]]
+
+    class World:
+        def captions(self, i):
+            return ["a big red circle in the top left"] if i == 0 else ["a small blue square in the middle"]
+
+        def __len__(self):
+            return 1  # draws image 0 only
+
+    queries = caption_queries(World(), 2)
+    relevant = [true_images(q.text, scenes) for q in queries]
+    assert [r.tolist() for r in relevant] == [[0, 1], [0, 1]]
+    r = score_rankings(queries, [np.array([1, 0, 2]), np.array([0, 1, 2])], relevant, scenes)
+    assert r["P@1"] == 1.0 and r["own@1"] == 0.5 and r["wrong_first_hits"] == 0
