@@ -9,7 +9,8 @@ shape or place of the one named object is the hard negative.
 
 The rules read the caption text only — no parser, no scene graph — so they apply to free text:
 
-    prefix          "there is / are ..." and "two shapes : ..." lose the words before the description
+    prefix          "there is / are ..." and "two shapes : ..." lose the words before the description; the
+                    count such a prefix states is ``stated_count``
     split           at ",", ";", "and", "with", "while" when the next word opens a phrase: a determiner
                     ("a", "the", "two", ...) or a place preposition ("in", "at", "on") — "black and white" stays
     keep            a piece holds a lexicon noun (``caption_edits.NOUNS``); one without is glued to the one before
@@ -46,6 +47,18 @@ def _strip_prefix(words: list[str]) -> list[str]:
     if [w.lower() for w in words[:2]] in (["there", "is"], ["there", "are"]):
         words = words[2:]
     return words
+
+
+_NUMBERS = ("one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten")
+
+
+def stated_count(caption: str) -> int | None:
+    """How many things the caption says its picture holds, when it opens by counting them before a colon ("two
+    shapes : ..."), else None: such a caption names every object, so it is not true of a picture with more."""
+    words = [w.lower() for w in caption_words(caption)]
+    if len(words) > 2 and words[2] == ":" and words[0] in _NUMBERS:
+        return _NUMBERS.index(words[0]) + 1
+    return None
 
 
 def _noun_at(piece: list[str]) -> int | None:

@@ -7,6 +7,7 @@ epoch, the caption (and its rule-based negatives) reproducibly; ``Collate`` toke
 from __future__ import annotations
 
 from collections import Counter
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -15,7 +16,17 @@ from torch.utils.data import Dataset
 from mmgeo.data import build_dataset
 from mmgeo.data.caption_edits import EDIT_KINDS, caption_negatives
 from mmgeo.data.caption_groups import phrase_words, true_of, true_pairs
-from mmgeo.data.caption_parts import partial_caption
+from mmgeo.data.caption_parts import partial_caption, stated_count
+
+
+class CaptionTruth(NamedTuple):
+    """What the text rules read of one pair, for ``Collate`` (``CaptionPairs(caption_truth=True)``)."""
+
+    caption: list[frozenset[str]]  # its caption's object phrases (caption_groups.phrase_words)
+    image: list[frozenset[str]]  # the object phrases of all its image's captions
+    negatives: list[list[frozenset[str]]]  # each negative's object phrases
+    objects: int  # how many objects its image's fullest caption names
+    negative_counts: list[int | None]  # the count each negative states ("two shapes : ..."), else None
 
 
 def open_split(data, split: str, size: int | None, image_size: int):
@@ -85,9 +96,10 @@ class CaptionPairs(Dataset):
                                           self.vocabulary, self.negative_weights) if self.caption_negatives else []
             pairs.append((self.transform(image), caption, negatives))
             if self.caption_truth:
-                named = [phrase_words(c) for c in captions]  # the objects its fullest caption names: its count
-                truth.append((phrase_words(caption), [p for c in named for p in c],
-                              [phrase_words(n) for n in negatives], max(map(len, named))))
+                named = [phrase_words(c) for c in captions]
+                truth.append(CaptionTruth(phrase_words(caption), [p for c in named for p in c],
+                                          [phrase_words(n) for n in negatives], max(map(len, named)),
+                                          [stated_count(n) for n in negatives]))
         item = {"pairs": pairs, "partial": partial, "index": i, "epoch": epoch, "step": step}
         return {**item, "truth": truth} if self.caption_truth else item
 
@@ -101,7 +113,9 @@ class Collate:
     ``negative_truth`` (N_neg, B) bool: negative n true of image j by the text rules, never of its own source (the
     edit was made to be false of it) and of none when the rule cannot see the edit (its object phrases are the
     caption's, e.g. a flipped relation to "it"); ``negative_whole`` (N_neg, B) bool: negative n names as many
-    objects as image j's fullest caption does, so read as a whole description of j it leaves none of j's out."""
+    objects as image j's fullest caption does, so read as a whole description of j it leaves none of j's out;
+    ``negative_counted`` (N_neg, B) bool: negative n states no count ("two shapes : ..."), or the number of objects
+    image j's fullest caption names."""
 
     def __init__(self, tokenize):
         self.tokenize = tokenize
@@ -120,16 +134,19 @@ class Collate:
                  "negative_partial": torch.tensor([partial[i] for i in source], dtype=torch.bool)}  # (N_neg,)
         if "truth" in batch[0]:
             truth = [t for item in batch for t in item["truth"]]
-            images = [im for _, im, _, _ in truth]
-            extra["positives"] = true_pairs([c for c, _, _, _ in truth], images)  # (B, B)
-            edits = [(c, n) for c, _, negs, _ in truth for n in negs]
+            images = [t.image for t in truth]
+            extra["positives"] = true_pairs([t.caption for t in truth], images)  # (B, B)
+            edits = [(t.caption, n) for t in truth for n in t.negatives]
             seen = true_of([n for _, n in edits], images)  # (N_neg, B)
             seen[torch.arange(len(edits)), extra["negative_source"]] = False  # each edit was made false of its source
             blind = torch.tensor([Counter(c) == Counter(n) for c, n in edits], dtype=torch.bool)  # (N_neg,)
             extra["negative_truth"] = seen & ~blind[:, None]  # an edit the rule cannot see is true of nothing
-            counts = torch.tensor([count for _, _, _, count in truth])  # (B,) objects each image's captions name
+            objects = torch.tensor([t.objects for t in truth])  # (B,) objects each image's captions name
             named = torch.tensor([len(n) for _, n in edits], dtype=torch.long)  # (N_neg,) objects each edit names
-            extra["negative_whole"] = named[:, None] == counts[None, :]  # (N_neg, B)
+            extra["negative_whole"] = named[:, None] == objects[None, :]  # (N_neg, B)
+            stated = torch.tensor([-1 if c is None else c for t in truth for c in t.negative_counts],
+                                  dtype=torch.long)  # (N_neg,) the count an edit states, -1 for none
+            extra["negative_counted"] = (stated[:, None] < 0) | (stated[:, None] == objects[None, :])  # (N_neg, B)
         return {**self.tokenize(texts), **extra, "pixels": pixels, "num_captions": torch.tensor(len(pairs)),
                 "index": torch.tensor([item["index"] for item in batch]),  # (B_items,) dataset indices
                 "epoch": torch.tensor(epoch), "step": torch.tensor(step)}

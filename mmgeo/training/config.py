@@ -78,16 +78,17 @@ class LossConfig:
     edit_query_weight: float = 0.0  # caption edits as queries of the batch images they are true of by text rules,
     # above the image each was made from (mmgeo.training.losses.edit_query; needs data.caption_negatives)
     edit_truth: str = "contains"  # when an edit is true of an image, for both edit terms: contains (each object it
-    # names is one of the image's) | whole (so, and an edit of a whole caption names all the image's objects: a whole
-    # caption leaves none out, so it is not an image's that holds more; edits of sub-captions keep contains)
+    # names is one of the image's) | counts (so, and a count it states, "two shapes : ...", is the image's) | whole
+    # (so, and an edit of a whole caption names all the image's objects: a whole caption leaves none out, so it is
+    # not an image's that holds more; edits of sub-captions keep contains)
     local_loss: bool = False  # several ranks: score local captions/images against all (2·B·W·B pairs, not (W·B)²)
 
     def __post_init__(self):
         if self.negative_query_rows not in ("all", "sub_captions", "true_of_another"):
             raise ValueError(f"loss.negative_query_rows={self.negative_query_rows!r}: use all, sub_captions or "
                              "true_of_another")
-        if self.edit_truth not in ("contains", "whole"):
-            raise ValueError(f"loss.edit_truth={self.edit_truth!r}: use contains or whole")
+        if self.edit_truth not in ("contains", "counts", "whole"):
+            raise ValueError(f"loss.edit_truth={self.edit_truth!r}: use contains, counts or whole")
 
 
 @dataclass

@@ -152,11 +152,13 @@ class RetrievalModule(L.LightningModule):
 def edit_queries(batch: dict, loss) -> EditQueries | None:
     """The batch's caption edits as text->image queries, as the loss config ``loss`` weighs them (None when off);
     ``loss.negative_query_rows`` picks the edits ``negative_query`` takes: all, those of sub-captions, or those
-    the text rules find true of another image of the batch; ``loss.edit_truth`` whether an edit of a whole caption
-    must also name all of an image's objects to be true of it."""
+    the text rules find true of another image of the batch; ``loss.edit_truth`` whether an edit must also match the
+    count it states, or (of a whole caption) name all of an image's objects, to be true of it."""
     if not (loss.negative_query_weight or loss.edit_query_weight) or "negative_source" not in batch:
         return None
     truth, which = batch.get("negative_truth"), loss.negative_query_rows
+    if truth is not None and loss.edit_truth == "counts":
+        truth = truth & batch["negative_counted"]  # (N_neg, B)
     if truth is not None and loss.edit_truth == "whole":
         truth = truth & (batch["negative_partial"][:, None] | batch["negative_whole"])  # (N_neg, B)
     rows = {"all": None, "sub_captions": batch.get("negative_partial"),

@@ -103,9 +103,12 @@ def test_collate_marks_each_edit_true_of_the_other_images_the_text_rules_allow()
     an edit of a whole caption is true only of images it names every object of."""
     def item(i, caption, negatives, image_captions):
         from mmgeo.data.caption_groups import phrase_words
+        from mmgeo.data.caption_parts import stated_count
+        from mmgeo.data.pairs import CaptionTruth
 
-        truth = [(phrase_words(caption), [p for c in image_captions for p in phrase_words(c)],
-                  [phrase_words(n) for n in negatives], max(len(phrase_words(c)) for c in image_captions))]
+        truth = [CaptionTruth(phrase_words(caption), [p for c in image_captions for p in phrase_words(c)],
+                              [phrase_words(n) for n in negatives], max(len(phrase_words(c)) for c in image_captions),
+                              [stated_count(n) for n in negatives])]
         return {"pairs": [(torch.zeros(1), caption, negatives)], "partial": [False], "index": i, "epoch": 0,
                 "step": 0, "truth": truth}
 
@@ -141,6 +144,38 @@ def test_collate_marks_each_edit_true_of_the_other_images_the_text_rules_allow()
         [False, False, False, False],
         [False, False, False, False]]
     assert edit_queries(batch, LossConfig(edit_query_weight=1.0)).truth.tolist() == batch["negative_truth"].tolist()
+    assert edit_queries(batch, LossConfig(edit_query_weight=1.0, edit_truth="counts")).truth.tolist() == \
+        batch["negative_truth"].tolist()  # no edit states a count
+
+
+def test_an_edit_that_states_a_count_is_true_only_of_images_holding_that_many():
+    """"one shape : a small red square on the left" is not true of an image holding that square and more."""
+    from mmgeo.data.caption_groups import phrase_words
+    from mmgeo.data.caption_parts import stated_count
+    from mmgeo.data.pairs import CaptionTruth
+    from mmgeo.training.config import LossConfig
+    from mmgeo.training.module import edit_queries
+
+    def item(i, caption, negatives, image_captions):
+        named = [phrase_words(c) for c in image_captions]
+        truth = CaptionTruth(phrase_words(caption), [p for c in named for p in c],
+                             [phrase_words(n) for n in negatives], max(map(len, named)),
+                             [stated_count(n) for n in negatives])
+        return {"pairs": [(torch.zeros(1), caption, negatives)], "partial": [False], "index": i, "epoch": 0,
+                "step": 0, "truth": [truth]}
+
+    items = [item(0, "one shape : a small red circle on the left", ["one shape : a small red square on the left",
+                                                                    "a small red square on the left"],
+                  ["one shape : a small red circle on the left"]),
+             item(1, "two shapes : a small red square on the left and a big blue circle on the right", [],
+                  ["two shapes : a small red square on the left and a big blue circle on the right"]),
+             item(2, "one shape : a small red square on the left", [], ["one shape : a small red square on the left"])]
+    batch = Collate(lambda texts: {"texts": texts})(items)
+    assert batch["negative_truth"].tolist() == [[False, True, True], [False, True, True]]
+    assert batch["negative_counted"].tolist() == [[True, False, True], [True, True, True]]
+    counts = edit_queries(batch, LossConfig(edit_query_weight=1.0, edit_truth="counts")).truth
+    assert counts.tolist() == [[False, False, True],  # "one shape : ...": image 2 only, not image 1's two shapes
+                               [False, True, True]]  # without the count word: both
 
 
 def test_training_with_edit_queries_logs_the_term(tmp_path):

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from mmgeo.data.caption_parts import object_phrases, partial_caption
+from mmgeo.data.caption_parts import object_phrases, partial_caption, stated_count
 from mmgeo.data.shapes import ShapesWorld
 from mmgeo.data.shapes_grammar import parse
 
@@ -55,3 +55,15 @@ def test_partial_captions_of_the_shapes_world_parse_and_name_fewer_objects():
 def test_a_single_phrase_gives_no_sub_caption():
     assert partial_caption("a big red circle in the center", np.random.default_rng(0)) is None
     assert partial_caption("A dog.", np.random.default_rng(0)) is None
+
+
+@pytest.mark.parametrize("caption, count", [
+    ("two shapes : a big blue square in the center and a small red circle on the left", 2),
+    ("one shape : a small red circle on the left", 1),
+    ("Four people: two men and two women on a bench.", 4),  # Flickr-style, if ever written so
+    ("two men sit on a bench", None),  # a count of one kind of thing, not of the picture
+    ("a small red circle on the left", None),
+    ("there is a dog : it runs", None),
+])
+def test_stated_count(caption, count):
+    assert stated_count(caption) == count
