@@ -98,6 +98,15 @@ def make_query_sets(world, n: int, seed: int = 0,
     return out
 
 
+def relevant_counts(relevant: list[np.ndarray]) -> dict:
+    """Relevant images per query: mean, min, the share with more than one, and "tied_own@1": the own@1 of a
+    ranking that puts every relevant image first in random order (mean of 1/|relevant|), the most own@1 a model
+    can reach without preferring the query's own image over other images the query is as true of."""
+    sizes = np.array([len(r) for r in relevant])
+    return {"mean": float(sizes.mean()), "min": int(sizes.min()), "more_than_one": float((sizes > 1).mean()),
+            "tied_own@1": float((1.0 / sizes).mean())}
+
+
 def score_rankings(queries, rankings, relevant, scenes) -> dict:
     """The record of one query set under one ranking: metrics, "own@1" (the share whose first hit is the image the
     query was drawn from: R@1 as full-caption retrieval counts it) and the first-hit error breakdown."""
@@ -122,8 +131,7 @@ def evaluate_partial_queries(model, world, images, n: int = 300, seed: int = 0, 
         gallery.check_images(images)
     for kind, (queries, relevant) in make_query_sets(world, n, seed, scenes).items():
         texts = model.encode_text([q.text for q in queries])
-        entry = {"relevant_per_query": {"mean": float(np.mean([len(r) for r in relevant])),
-                                        "min": int(min(len(r) for r in relevant))}}
+        entry = {"relevant_per_query": relevant_counts(relevant)}
         for mode in modes:
             ranked = exact_rankings(exact_scores(model, texts, images, mode, progress=False))
             entry[f"exact_{mode}"] = score_rankings(queries, ranked, relevant, scenes)
@@ -159,5 +167,9 @@ def format_table(record: dict) -> str:
                       for label, c in cs.items()), key=lambda x: -x[0])[:4]
         if top:
             lines.append(f"{kind} {name}, most confused: " + ", ".join(f"{t} ({c})" for c, t in top))
+    full = (record.get("full_caption") or {}).get("relevant_per_query")
+    if full:
+        lines.append(f"full captions true of more than one image: {100 * full['more_than_one']:.1f} %; own@1 with "
+                     f"every true image first, ties at random: {full['tied_own@1']:.3f}")
     return "\n".join(lines)
 

@@ -52,6 +52,7 @@ def test_evaluation_exact_and_served_on_a_tiny_model(tmp_path):
         assert record[kind]["relevant_per_query"]["min"] >= 1
     table = format_table(record)
     assert "one_object" in table and "full_caption" in table and "served" in table and "own@1" in table
+    assert "ties at random" in table
 
 
 def test_first_hit_confusions_count_what_was_asked_and_what_came_back():
@@ -98,3 +99,7 @@ def test_own_at_1_counts_the_image_a_query_was_drawn_from():
     assert [r.tolist() for r in relevant] == [[0, 1], [0, 1]]
     r = score_rankings(queries, [np.array([1, 0, 2]), np.array([0, 1, 2])], relevant, scenes)
     assert r["P@1"] == 1.0 and r["own@1"] == 0.5 and r["wrong_first_hits"] == 0
+    from mmgeo.eval.partial import relevant_counts
+
+    counts = relevant_counts([np.array([0, 1]), np.array([3]), np.array([2, 4, 5, 6])])
+    assert counts == {"mean": 7 / 3, "min": 1, "more_than_one": 2 / 3, "tied_own@1": (1 / 2 + 1 + 1 / 4) / 3}
