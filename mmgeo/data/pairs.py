@@ -130,7 +130,8 @@ class Collate:
         texts = [c for _, c, _ in pairs] + [n for _, _, negs in pairs for n in negs]
         source = [i for i, (_, _, negs) in enumerate(pairs) for _ in negs]  # the pair each negative edits
         partial = [p for item in batch for p in item["partial"]]
-        extra = {"negative_source": torch.tensor(source, dtype=torch.long),  # (N_neg,)
+        extra = {"partial": torch.tensor(partial, dtype=torch.bool),  # (B,) whether each caption is a sub-caption
+                 "negative_source": torch.tensor(source, dtype=torch.long),  # (N_neg,)
                  "negative_partial": torch.tensor([partial[i] for i in source], dtype=torch.bool)}  # (N_neg,)
         if "truth" in batch[0]:
             truth = [t for item in batch for t in item["truth"]]

@@ -50,10 +50,14 @@ class DataConfig:
     # neighbours, mmgeo.data.caption_groups; map-style data); 0 = random batches. Must divide the batch per device
     mask_true_captions: bool = False  # a caption true of another image of its batch (by text rules,
     # mmgeo.data.caption_groups) is not that image's negative; sub-captions and caption groups make such pairs
+    mask_true_of: str = "all"  # the captions mask_true_captions acts on: all | sub_captions (a whole caption keeps
+    # every other image as a negative, even one holding its objects and more)
 
     def __post_init__(self):
         if self.caption_groups < 0 or self.caption_groups == 1:
             raise ValueError(f"data.caption_groups={self.caption_groups}: use 0 (random batches) or a group size ≥ 2")
+        if self.mask_true_of not in ("all", "sub_captions"):
+            raise ValueError(f"data.mask_true_of={self.mask_true_of!r}: use all or sub_captions")
         if self.negative_weights:
             check_kind_weights(self.negative_weights, self.negative_kinds)
 

@@ -61,7 +61,7 @@ class RetrievalModule(L.LightningModule):
         negatives = text[B:] if len(text) > B else None  # rule-based caption edits (data.caption_negatives)
         losses = contrastive_loss(self.model, text[:B], image, self.cfg.loss.global_weight, self.cfg.loss.local_loss,
                                   negatives, self.cfg.loss.distill_weight,
-                                  batch.get("positives") if self.cfg.data.mask_true_captions else None,
+                                  true_captions(batch, self.cfg.data),
                                   edit_queries(batch, self.cfg.loss))
         if self.cfg.aids.ortho_weight > 0 and self.model.geometric:
             losses["ortho"] = sum(orthogonality_penalty(w) for w in self.model.qk_maps().values())
@@ -147,6 +147,15 @@ class RetrievalModule(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint):
         checkpoint["mmgeo"] = model_record(self.model)
+
+
+def true_captions(batch: dict, data) -> torch.Tensor | None:
+    """(B, B) bool: caption i true of image j, i ≠ j, left out of the negatives (``data.mask_true_captions``; with
+    ``data.mask_true_of: sub_captions`` only the rows of sub-captions); None when off."""
+    if not data.mask_true_captions:
+        return None
+    return batch["positives"] & batch["partial"][:, None] if data.mask_true_of == "sub_captions" else \
+        batch["positives"]
 
 
 def edit_queries(batch: dict, loss) -> EditQueries | None:

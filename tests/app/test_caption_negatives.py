@@ -197,3 +197,18 @@ def test_items_say_whether_their_caption_was_cut_to_a_sub_caption():
     cut = [it["partial"][0] for it in items]
     assert cut == [it["pairs"][0][1] not in world[it["index"]][1] for it in items]  # cut = not one of the five
     assert any(cut) and not all(cut)
+
+
+def test_true_captions_can_leave_whole_captions_their_negatives():
+    """data.mask_true_of sub_captions: only a sub-caption's true images leave its negatives; a whole caption keeps
+    every other image, so it still learns its own image above one that holds its objects and more."""
+    from mmgeo.training.config import DataConfig
+    from mmgeo.training.module import true_captions
+
+    batch = {"positives": torch.tensor([[False, True], [True, False]]), "partial": torch.tensor([True, False])}
+    assert true_captions(batch, DataConfig()) is None
+    assert true_captions(batch, DataConfig(mask_true_captions=True)).tolist() == [[False, True], [True, False]]
+    assert true_captions(batch, DataConfig(mask_true_captions=True, mask_true_of="sub_captions")).tolist() == [
+        [False, True], [False, False]]
+    with pytest.raises(ValueError, match="mask_true_of"):
+        DataConfig(mask_true_of="whole")
