@@ -106,12 +106,11 @@ class CaptionPairs(Dataset):
 
 class Collate:
     """Items -> one batch: pixels (B, 3, H, W), the B captions then every negative caption tokenised together
-    (``input_ids`` / ``attention_mask`` (B + N_neg, T)); ``num_captions`` = B; ``negative_source`` (N_neg,) the pair
-    each negative was made from, ``negative_partial`` (N_neg,) whether that pair's caption is a sub-caption; with
-    items that carry caption
-    truth (``CaptionPairs(caption_truth=True)``), ``positives`` (B, B) bool: caption i true of image j, i ≠ j, and
-    ``negative_truth`` (N_neg, B) bool: negative n true of image j by the text rules, never of its own source (the
-    edit was made to be false of it) and of none when the rule cannot see the edit (its object phrases are the
+    (``input_ids`` / ``attention_mask`` (B + N_neg, T)); ``num_captions`` = B; ``partial`` (B,) whether each caption
+    is a sub-caption, ``negative_source`` (N_neg,) the pair each negative was made from; with items that carry
+    caption truth (``CaptionPairs(caption_truth=True)``), ``positives`` (B, B) bool: caption i true of image j, i ≠
+    j, and ``negative_truth`` (N_neg, B) bool: negative n true of image j by the text rules, never of its own source
+    (the edit was made to be false of it) and of none when the rule cannot see the edit (its object phrases are the
     caption's, e.g. a flipped relation to "it"); ``negative_whole`` (N_neg, B) bool: negative n names as many
     objects as image j's fullest caption does, so read as a whole description of j it leaves none of j's out;
     ``negative_counted`` (N_neg, B) bool: negative n states no count ("two shapes : ..."), or the number of objects
@@ -131,8 +130,7 @@ class Collate:
         source = [i for i, (_, _, negs) in enumerate(pairs) for _ in negs]  # the pair each negative edits
         partial = [p for item in batch for p in item["partial"]]
         extra = {"partial": torch.tensor(partial, dtype=torch.bool),  # (B,) whether each caption is a sub-caption
-                 "negative_source": torch.tensor(source, dtype=torch.long),  # (N_neg,)
-                 "negative_partial": torch.tensor([partial[i] for i in source], dtype=torch.bool)}  # (N_neg,)
+                 "negative_source": torch.tensor(source, dtype=torch.long)}  # (N_neg,)
         if "truth" in batch[0]:
             truth = [t for item in batch for t in item["truth"]]
             images = [t.image for t in truth]

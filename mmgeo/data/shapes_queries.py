@@ -74,13 +74,17 @@ def satisfies(parsed: ParsedCaption, scene: list[ShapeObject]) -> bool:
                for perm in itertools.permutations(range(len(scene)), len(parsed.mentions)))
 
 
+def _satisfying(parsed: ParsedCaption, scenes: list[list[ShapeObject]]) -> np.ndarray:
+    return np.array([i for i, s in enumerate(scenes) if satisfies(parsed, s)], dtype=np.int64)
+
+
 def true_images(text: str, scenes: list[list[ShapeObject]]) -> np.ndarray:
     """Indices of every scene that ``text`` (a sentence of the grammar: a partial query or a full caption) is true
     of (``satisfies``), ascending."""
     parsed = parse(text)
     if parsed is None:
         raise ValueError(f"not a sentence of the shapes grammar: {text!r}")
-    return np.array([i for i, s in enumerate(scenes) if satisfies(parsed, s)], dtype=np.int64)
+    return _satisfying(parsed, scenes)
 
 
 def relevant_images(text: str, scenes: list[list[ShapeObject]]) -> np.ndarray:
@@ -88,7 +92,7 @@ def relevant_images(text: str, scenes: list[list[ShapeObject]]) -> np.ndarray:
     parsed = parse(text)
     if parsed is None or parsed.template not in QUERY_TEMPLATES:
         raise ValueError(f"not a partial query of the shapes grammar: {text!r}")
-    return true_images(text, scenes)
+    return _satisfying(parsed, scenes)
 
 
 def caption_queries(world, n: int, seed: int = 0) -> list[PartialQuery]:

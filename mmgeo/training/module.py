@@ -166,11 +166,12 @@ def edit_queries(batch: dict, loss) -> EditQueries | None:
     if not (loss.negative_query_weight or loss.edit_query_weight) or "negative_source" not in batch:
         return None
     truth, which = batch.get("negative_truth"), loss.negative_query_rows
+    partial = batch["partial"][batch["negative_source"]] if "partial" in batch else None  # (N_neg,) of sub-captions
     if truth is not None and loss.edit_truth == "counts":
         truth = truth & batch["negative_counted"]  # (N_neg, B)
     if truth is not None and loss.edit_truth == "whole":
-        truth = truth & (batch["negative_partial"][:, None] | batch["negative_whole"])  # (N_neg, B)
-    rows = {"all": None, "sub_captions": batch.get("negative_partial"),
+        truth = truth & (partial[:, None] | batch["negative_whole"])  # (N_neg, B)
+    rows = {"all": None, "sub_captions": partial,
             "true_of_another": None if truth is None else truth.any(1)}[which]
     if (loss.negative_query_weight and which != "all" and rows is None) or (loss.edit_query_weight and truth is None):
         raise RuntimeError(f"the edit terms need what the batch does not say (negative_query_rows={which}, "

@@ -28,7 +28,7 @@ def test_pairs_carry_edited_captions_and_collate_puts_them_after_the_captions():
     assert batch["texts"][:4] == [it["pairs"][0][1] for it in items]
     source = [i for i, it in enumerate(items) for _ in it["pairs"][0][2]]  # each negative's pair
     assert batch["negative_source"].tolist() == source
-    assert not batch["negative_partial"].any()  # no caption was cut to a sub-caption
+    assert not batch["partial"].any()  # no caption was cut to a sub-caption
 
 
 def test_training_with_caption_negatives_changes_the_loss(tmp_path):
@@ -121,10 +121,10 @@ def test_collate_marks_each_edit_true_of_the_other_images_the_text_rules_allow()
                   ["a blue square and a green circle below it"]),
              item(3, "a big red circle on the left", ["a big red circle on the right"],
                   ["a big red circle on the left", "a small red square on the left"])]
-    items[1]["partial"] = [True]  # its caption a sub-caption: its edits are marked
+    items[1]["partial"] = [True]  # its caption a sub-caption
     batch = Collate(lambda texts: {"texts": texts})(items)
     assert batch["negative_source"].tolist() == [0, 0, 1, 2, 3]
-    assert batch["negative_partial"].tolist() == [False, False, True, False, False]
+    assert batch["partial"].tolist() == [False, True, False, False]
     assert batch["negative_truth"].tolist() == [
         [False, True, False, True],  # "a small red square on the left": images 1 and 3, not its source 0
         [False, False, False, True],  # "a big red circle on the left": image 3

@@ -102,4 +102,5 @@ def test_own_at_1_counts_the_image_a_query_was_drawn_from():
     from mmgeo.eval.partial import relevant_counts
 
     counts = relevant_counts([np.array([0, 1]), np.array([3]), np.array([2, 4, 5, 6])])
-    assert counts == {"mean": 7 / 3, "min": 1, "more_than_one": 2 / 3, "tied_own@1": (1 / 2 + 1 + 1 / 4) / 3}
+    assert counts == pytest.approx({"mean": 7 / 3, "min": 1, "more_than_one": 2 / 3,
+                                    "tied_own@1": (1 / 2 + 1 + 1 / 4) / 3})

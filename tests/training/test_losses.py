@@ -193,8 +193,8 @@ def test_the_config_picks_the_edits_negative_query_takes(which, rows):
     from mmgeo.training.config import LossConfig
     from mmgeo.training.module import edit_queries
 
-    batch = {"negative_source": torch.tensor([0, 1, 1]), "negative_partial": torch.tensor([True, False, True]),
-             "negative_truth": torch.tensor([[False, False], [True, False], [False, False]])}
+    batch = {"negative_source": torch.tensor([0, 1, 2]), "partial": torch.tensor([True, False, True]),
+             "negative_truth": torch.tensor([[False, False, False], [True, False, False], [False, False, False]])}
     edits = edit_queries(batch, LossConfig(negative_query_weight=1.0, negative_query_rows=which))
     assert edits.negative_weight == 1.0 and edits.edit_weight == 0.0
     assert (edits.rows if rows is None else edits.rows.tolist()) == rows
