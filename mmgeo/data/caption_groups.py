@@ -10,7 +10,9 @@ such groups. A sub-caption ("a big purple circle in the top right") is then ofte
 ``caption_true_of`` says, from text alone, when a caption is true of an image — every object phrase of the
 caption is, as a set of words, inside one object phrase of one of the image's captions (``mmgeo.data.caption_parts``)
 — and the loss drops those pairs from the negatives. Measured on the shapes world, neither helped one-object
-queries (docs/design.md §9); both are off by default.
+queries (docs/design.md §9); both are off by default. ``superset_neighbours`` groups an image instead with images
+its whole caption is true of (they hold its objects and more): the pairs a whole caption must rank its own image
+first in, which random batches almost never hold.
 
 Limits: text rules only. Synonyms ("big" / "large") are different words, so a true caption worded otherwise
 than all of the image's captions stays a negative (as in any random batch); neighbours are computed once per
@@ -108,6 +110,42 @@ def caption_neighbours(captions: list[list[str]], k: int, chunk: int = 1024, pro
     return out
 
 
+def superset_neighbours(captions: list[list[str]], k: int, progress=None) -> np.ndarray:
+    """(N, k) int64: for each item up to k other items that its fullest caption (most object phrases) is true of
+    (``caption_true_of`` against all their captions' phrases): by text rules they hold its objects and more, the
+    images a whole caption must rank below its own. Rows with fewer are padded with the item itself, which
+    ``grouped_order`` passes over. ``progress(n)`` is called per item."""
+    N = len(captions)
+    phrases = [[phrase_words(c) for c in caps] for caps in captions]
+    vocab: dict[str, int] = {}
+    owned = [(i, [vocab.setdefault(w, len(vocab)) for w in q]) for i, caps in enumerate(phrases)
+             for q in {q for c in caps for q in c}]
+    holds = np.zeros((len(owned), len(vocab)), dtype=bool)  # (phrases, V) each image phrase's words
+    for row, (_, cols) in enumerate(owned):
+        holds[row, cols] = True
+    owner = np.array([i for i, _ in owned], dtype=np.int64)  # (phrases,) the image each phrase is of
+    cache: dict[frozenset[str], np.ndarray] = {}  # caption phrase -> ascending items with a phrase holding it
+
+    def items_holding(p: frozenset[str]) -> np.ndarray:
+        if p not in cache:
+            cols = [vocab[w] for w in p if w in vocab]
+            cache[p] = np.unique(owner[holds[:, cols].all(1)]) if len(cols) == len(p) else owner[:0]
+        return cache[p]
+
+    out = np.tile(np.arange(N, dtype=np.int64)[:, None], (1, k))  # (N, k)
+    for i, caps in enumerate(phrases):
+        whole = max(caps, key=len, default=[])
+        if whole:
+            found = items_holding(whole[0])
+            for p in whole[1:]:
+                found = np.intersect1d(found, items_holding(p), assume_unique=True)
+            found = found[found != i][:k]
+            out[i, :len(found)] = found
+        if progress is not None:
+            progress(1)
+    return out
+
+
 def grouped_order(perm: np.ndarray, neighbours: np.ndarray, group: int, rng: np.random.Generator) -> np.ndarray:
     """A permutation of the same items made of consecutive groups of ``group``: each anchor (taken in ``perm``'s
     order, if not yet placed) with its nearest not-yet-placed listed neighbours. Groups left short (every listed
@@ -136,13 +174,18 @@ def grouped_order(perm: np.ndarray, neighbours: np.ndarray, group: int, rng: np.
     return np.fromiter((i for g in order for i in g), dtype=np.int64, count=N)  # (N,)
 
 
-def dataset_neighbours(dataset, k: int, progress: bool = True) -> np.ndarray:
-    """``caption_neighbours`` of a map-style dataset's images (``dataset.captions(i)`` when it has one, which
-    skips the pixels; else ``dataset[i][1]``), with progress bars."""
+def dataset_neighbours(dataset, k: int, progress: bool = True, by: str = "tfidf") -> np.ndarray:
+    """``caption_neighbours`` (``by`` "tfidf") or ``superset_neighbours`` ("superset") of a map-style dataset's
+    images (``dataset.captions(i)`` when it has one, which skips the pixels; else ``dataset[i][1]``), with
+    progress bars."""
+    if by not in ("tfidf", "superset"):
+        raise ValueError(f"caption groups by {by!r}: use tfidf or superset")
     from tqdm.auto import tqdm
 
     read = getattr(dataset, "captions", None) or (lambda i: dataset[i][1])
     captions = [read(i) for i in tqdm(range(len(dataset)), desc="caption groups: read captions", unit="img",
                                      disable=not progress)]
-    with tqdm(total=len(captions), desc="caption groups: neighbours", unit="img", disable=not progress) as bar:
+    with tqdm(total=len(captions), desc=f"caption groups: {by} neighbours", unit="img", disable=not progress) as bar:
+        if by == "superset":
+            return superset_neighbours(captions, k, progress=bar.update)
         return caption_neighbours(captions, k, progress=bar.update)

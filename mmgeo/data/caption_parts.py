@@ -5,7 +5,9 @@ People search by naming part of a picture ("a purple circle in the top right"), 
 COCO) name parts too; a model trained only on captions that name every object learns that any attribute
 identifies the image. ``partial_caption`` keeps one or two object phrases of a caption, a positive for the same
 image; the caption negatives (``mmgeo.data.caption_edits``) then edit that sub-caption, so a replaced colour,
-shape or place of the one named object is the hard negative.
+shape or place of the one named object is the hard negative. ``fewer_phrases`` leaves one phrase out of a
+caption: true of its image but naming less of it, an image->text negative that teaches the image to prefer the
+caption naming more of it (the tie-break a full caption needs among images that hold its objects and more).
 
 The rules read the caption text only — no parser, no scene graph — so they apply to free text:
 
@@ -85,6 +87,8 @@ def object_phrases(caption: str) -> list[str]:
             out.append(piece)
     phrases = []
     for piece in out:
+        while len(piece) > 1 and piece[-1] in (",", ";"):  # "two dogs play , and a child ...": no trailing comma
+            piece = piece[:-1]
         noun = _noun_at(piece)
         if piece[-1].lower() in _ANAPHORA and noun is not None:
             piece = piece[:noun + 1]  # "a blue square below it" -> "a blue square"
@@ -101,3 +105,16 @@ def partial_caption(caption: str, rng: np.random.Generator, max_objects: int = 2
     k = int(rng.integers(1, min(max_objects, len(phrases) - 1) + 1))
     keep = np.sort(rng.choice(len(phrases), size=k, replace=False))
     return " and ".join(phrases[i] for i in keep)
+
+
+def fewer_phrases(caption: str, rng: np.random.Generator, n: int = 1) -> list[str]:
+    """Up to ``n`` distinct copies of the caption with one of its object phrases left out: the others in caption
+    order, listed as "A , B and C" (two: "A and B", as ``partial_caption`` joins them), so that the way a copy is
+    written does not tell it from a caption; none when the caption names fewer than two phrases."""
+    phrases = object_phrases(caption)
+    if len(phrases) < 2 or n < 1:
+        return []
+    dropped = rng.choice(len(phrases), size=min(n, len(phrases)), replace=False)
+    kept = [[p for i, p in enumerate(phrases) if i != d] for d in dropped]
+    out = [" , ".join(k[:-1]) + " and " + k[-1] if len(k) > 1 else k[0] for k in kept]
+    return list(dict.fromkeys(out))  # two equal phrases give one text

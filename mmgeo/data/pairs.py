@@ -16,7 +16,7 @@ from torch.utils.data import Dataset
 from mmgeo.data import build_dataset
 from mmgeo.data.caption_edits import EDIT_KINDS, caption_negatives
 from mmgeo.data.caption_groups import phrase_words, true_of, true_pairs
-from mmgeo.data.caption_parts import partial_caption, stated_count
+from mmgeo.data.caption_parts import fewer_phrases, partial_caption, stated_count
 
 
 class CaptionTruth(NamedTuple):
@@ -58,11 +58,15 @@ class CaptionPairs(Dataset):
     caption is cut to one or two of its object phrases (``mmgeo.data.caption_parts``) before its negatives
     are made, so a partial description is a positive and its edits the negatives. ``caption_truth``: each pair
     carries the phrases of its caption, of its negatives and of all its image's captions, so ``Collate`` can tell
-    which captions and edits are true of which images of the batch (``mmgeo.data.caption_groups``)."""
+    which captions and edits are true of which images of the batch (``mmgeo.data.caption_groups``).
+    ``fewer_phrase_negatives``: up to this many copies of the caption with one object phrase left out
+    (``caption_parts.fewer_phrases``) join its negatives after the edits, flagged so that they stay image->text
+    negatives only: true of the image, they ask it to prefer the caption that names more of it."""
 
     def __init__(self, dataset, transform, seed: int, hard_negatives: bool = False, caption_negatives: int = 0,
                  negative_kinds=EDIT_KINDS, vocabulary=None, partial_captions: float = 0.0,
-                 negative_weights: dict[str, float] | None = None, caption_truth: bool = False):
+                 negative_weights: dict[str, float] | None = None, caption_truth: bool = False,
+                 fewer_phrase_negatives: int = 0):
         if not 0.0 <= partial_captions <= 1.0:
             raise ValueError(f"data.partial_captions={partial_captions} must be a share between 0 and 1")
         if hard_negatives and not hasattr(dataset, "variant"):
@@ -73,6 +77,7 @@ class CaptionPairs(Dataset):
         self.negative_kinds, self.vocabulary = tuple(negative_kinds), vocabulary
         self.negative_weights = dict(negative_weights or {})  # checked by caption_negatives (and the config)
         self.partial_captions, self.caption_truth = partial_captions, caption_truth
+        self.fewer_phrase_negatives = fewer_phrase_negatives
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -86,7 +91,7 @@ class CaptionPairs(Dataset):
         """The item of ``samples`` ((image, captions), and its variant with hard negatives) of sample ``i``: the
         one path of map-style data and of shard streams (``mmgeo.data.shard_stream``)."""
         rng = np.random.default_rng([self.seed, epoch, i])
-        pairs, truth, partial = [], [], []
+        pairs, truth, partial, fewer = [], [], [], []
         for image, captions in samples:
             caption = whole = captions[rng.integers(len(captions))]
             if self.partial_captions and rng.random() < self.partial_captions:  # no draw when off: runs replay
@@ -94,20 +99,24 @@ class CaptionPairs(Dataset):
             partial.append(caption != whole)
             negatives = caption_negatives(caption, rng, self.caption_negatives, self.negative_kinds,
                                           self.vocabulary, self.negative_weights) if self.caption_negatives else []
+            drops = fewer_phrases(caption, rng, self.fewer_phrase_negatives) if self.fewer_phrase_negatives else []
+            fewer.append([False] * len(negatives) + [True] * len(drops))
+            negatives = negatives + drops
             pairs.append((self.transform(image), caption, negatives))
             if self.caption_truth:
                 named = [phrase_words(c) for c in captions]
                 truth.append(CaptionTruth(phrase_words(caption), [p for c in named for p in c],
                                           [phrase_words(n) for n in negatives], max(map(len, named)),
                                           [stated_count(n) for n in negatives]))
-        item = {"pairs": pairs, "partial": partial, "index": i, "epoch": epoch, "step": step}
+        item = {"pairs": pairs, "partial": partial, "fewer": fewer, "index": i, "epoch": epoch, "step": step}
         return {**item, "truth": truth} if self.caption_truth else item
 
 
 class Collate:
     """Items -> one batch: pixels (B, 3, H, W), the B captions then every negative caption tokenised together
     (``input_ids`` / ``attention_mask`` (B + N_neg, T)); ``num_captions`` = B; ``partial`` (B,) whether each caption
-    is a sub-caption, ``negative_source`` (N_neg,) the pair each negative was made from; with items that carry
+    is a sub-caption, ``negative_source`` (N_neg,) the pair each negative was made from, ``negative_fewer`` (N_neg,)
+    bool whether it is the caption with a phrase left out (an image->text negative only); with items that carry
     caption truth (``CaptionPairs(caption_truth=True)``), ``positives`` (B, B) bool: caption i true of image j, i ≠
     j, and ``negative_truth`` (N_neg, B) bool: negative n true of image j by the text rules, never of its own source
     (the edit was made to be false of it) and of none when the rule cannot see the edit (its object phrases are the
@@ -129,8 +138,11 @@ class Collate:
         texts = [c for _, c, _ in pairs] + [n for _, _, negs in pairs for n in negs]
         source = [i for i, (_, _, negs) in enumerate(pairs) for _ in negs]  # the pair each negative edits
         partial = [p for item in batch for p in item["partial"]]
+        fewer = [f for item in batch for flags in item.get("fewer") or [[False] * len(negs) for *_, negs in
+                                                                        item["pairs"]] for f in flags]
         extra = {"partial": torch.tensor(partial, dtype=torch.bool),  # (B,) whether each caption is a sub-caption
-                 "negative_source": torch.tensor(source, dtype=torch.long)}  # (N_neg,)
+                 "negative_source": torch.tensor(source, dtype=torch.long),  # (N_neg,)
+                 "negative_fewer": torch.tensor(fewer, dtype=torch.bool)}  # (N_neg,)
         if "truth" in batch[0]:
             truth = [t for item in batch for t in item["truth"]]
             images = [t.image for t in truth]

@@ -46,8 +46,13 @@ class DataConfig:
     # a kind not named), e.g. {replace_noun: 3} for more noun-replacing negatives; empty = uniform
     partial_captions: float = 0.0  # share of items whose caption is cut to a sub-caption of 1-2 of its object
     # phrases (mmgeo.data.caption_parts: text rules, any dataset); its caption negatives edit the sub-caption
+    fewer_phrase_negatives: int = 0  # per caption naming ≥ 2 object phrases, up to this many copies with one
+    # phrase left out (mmgeo.data.caption_parts.fewer_phrases) as image->text negatives only: true of the image, they
+    # teach it to prefer the caption naming more of it; never text->image queries (the edit terms skip them)
     caption_groups: int = 0  # batches made of groups of this many images whose captions read alike (TF-IDF
     # neighbours, mmgeo.data.caption_groups; map-style data); 0 = random batches. Must divide the batch per device
+    caption_groups_by: str = "tfidf"  # how groups are formed: tfidf (captions that read alike) | superset (images
+    # an image's whole caption is true of by text rules: they hold its objects and more)
     mask_true_captions: bool = False  # a caption true of another image of its batch (by text rules,
     # mmgeo.data.caption_groups) is not that image's negative; sub-captions and caption groups make such pairs
     mask_true_of: str = "all"  # the captions mask_true_captions acts on: all | sub_captions (a whole caption keeps
@@ -56,6 +61,10 @@ class DataConfig:
     def __post_init__(self):
         if self.caption_groups < 0 or self.caption_groups == 1:
             raise ValueError(f"data.caption_groups={self.caption_groups}: use 0 (random batches) or a group size ≥ 2")
+        if self.fewer_phrase_negatives < 0:
+            raise ValueError(f"data.fewer_phrase_negatives={self.fewer_phrase_negatives}: use 0 (off) or a count ≥ 1")
+        if self.caption_groups_by not in ("tfidf", "superset"):
+            raise ValueError(f"data.caption_groups_by={self.caption_groups_by!r}: use tfidf or superset")
         if self.mask_true_of not in ("all", "sub_captions"):
             raise ValueError(f"data.mask_true_of={self.mask_true_of!r}: use all or sub_captions")
         if self.negative_weights:

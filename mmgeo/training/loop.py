@@ -74,11 +74,12 @@ def build_loader(cfg: TrainConfig, module: RetrievalModule, train) -> ResumableL
         bool(loss.negative_query_weight) and loss.negative_query_rows == "true_of_another")
     pairs = CaptionPairs(train, module.model.preprocess, t.seed, cfg.data.hard_negatives, cfg.data.caption_negatives,
                          cfg.data.negative_kinds, vocabulary, cfg.data.partial_captions, cfg.data.negative_weights,
-                         caption_truth=truth)
+                         caption_truth=truth, fewer_phrase_negatives=cfg.data.fewer_phrase_negatives)
     if isinstance(train, ShardSource):
         stream = ShardPairs(train, pairs, Collate(module.model.tokenize), t.batch_size // world, t.seed)
         return ShardLoader(stream, t.batch_size, cfg.data.num_workers)
-    neighbours = dataset_neighbours(train, 4 * groups) if groups else None  # (N, 4·group) nearest captions
+    neighbours = dataset_neighbours(train, 4 * groups, by=cfg.data.caption_groups_by) \
+        if groups else None  # (N, 4·group) nearest captions, or images a whole caption is true of
     sampler = ResumableBatchSampler(len(pairs), t.batch_size // per_item, seed=t.seed, neighbours=neighbours,
                                     group=groups or 1)
     return ResumableLoader(pairs, batch_sampler=sampler, num_workers=cfg.data.num_workers,

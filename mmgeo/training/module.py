@@ -162,7 +162,8 @@ def edit_queries(batch: dict, loss) -> EditQueries | None:
     """The batch's caption edits as text->image queries, as the loss config ``loss`` weighs them (None when off);
     ``loss.negative_query_rows`` picks the edits ``negative_query`` takes: all, those of sub-captions, or those
     the text rules find true of another image of the batch; ``loss.edit_truth`` whether an edit must also match the
-    count it states, or (of a whole caption) name all of an image's objects, to be true of it."""
+    count it states, or (of a whole caption) name all of an image's objects, to be true of it. A caption with a phrase
+    left out (``negative_fewer``) is true of its source: neither term takes it."""
     if not (loss.negative_query_weight or loss.edit_query_weight) or "negative_source" not in batch:
         return None
     truth, which = batch.get("negative_truth"), loss.negative_query_rows
@@ -173,6 +174,10 @@ def edit_queries(batch: dict, loss) -> EditQueries | None:
         truth = truth & (partial[:, None] | batch["negative_whole"])  # (N_neg, B)
     rows = {"all": None, "sub_captions": partial,
             "true_of_another": None if truth is None else truth.any(1)}[which]
+    fewer = batch.get("negative_fewer")  # (N_neg,) captions with a phrase left out: true of their source
+    if fewer is not None and bool(fewer.any()):
+        truth = None if truth is None else truth & ~fewer[:, None]
+        rows = ~fewer if rows is None else rows & ~fewer
     if (loss.negative_query_weight and which != "all" and rows is None) or (loss.edit_query_weight and truth is None):
         raise RuntimeError(f"the edit terms need what the batch does not say (negative_query_rows={which}, "
                            f"edit_query_weight={loss.edit_query_weight}): CaptionPairs(caption_truth=True) gives "

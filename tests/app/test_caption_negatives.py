@@ -212,3 +212,34 @@ def test_true_captions_can_leave_whole_captions_their_negatives():
         [False, True], [False, False]]
     with pytest.raises(ValueError, match="mask_true_of"):
         DataConfig(mask_true_of="whole")
+
+
+def test_captions_with_a_phrase_left_out_are_image_side_negatives_only():
+    """data.fewer_phrase_negatives: the copies come after the edits, flagged in Collate's negative_fewer; true of
+    their own image, neither edit term takes them (no text->image query, no push below the rest)."""
+    from mmgeo.data.caption_parts import object_phrases
+    from mmgeo.training.config import LossConfig
+    from mmgeo.training.module import edit_queries
+
+    world = ShapesWorld("train", size=24, image_size=32)
+    pairs = CaptionPairs(world, lambda im: torch.zeros(3, 32, 32), seed=0, caption_negatives=2,
+                         caption_truth=True, fewer_phrase_negatives=1)
+    items = [pairs[(i, 0, 0)] for i in range(24)]
+    batch = Collate(lambda texts: {"texts": texts})(items)
+    texts, B = batch["texts"], int(batch["num_captions"])
+    fewer = batch["negative_fewer"]
+    assert fewer.any() and not fewer.all()
+    for n in fewer.nonzero().flatten().tolist():  # all the caption's phrases but one
+        caption = texts[int(batch["negative_source"][n])]
+        assert len(object_phrases(texts[B + n])) == len(object_phrases(caption)) - 1
+    for it in items:  # one copy exactly when the caption names two objects or more
+        caption, negatives = it["pairs"][0][1:]
+        assert sum(it["fewer"][0]) == (len(object_phrases(caption)) > 1) and it["fewer"][0][-1] == (
+            len(object_phrases(caption)) > 1) and len(it["fewer"][0]) == len(negatives)
+    for rows in ("all", "sub_captions", "true_of_another"):
+        edits = edit_queries(batch, LossConfig(negative_query_weight=1.0, edit_query_weight=1.0,
+                                               negative_query_rows=rows))
+        assert not (edits.rows & fewer).any() and not edits.truth[fewer].any()
+    plain = CaptionPairs(world, lambda im: torch.zeros(3, 32, 32), seed=0, caption_negatives=2)
+    assert [plain[(i, 0, 0)]["pairs"][0][2] for i in range(24)] == [  # off: the same draws as before
+        [n for n, f in zip(it["pairs"][0][2], it["fewer"][0]) if not f] for it in items]

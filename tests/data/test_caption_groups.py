@@ -6,8 +6,10 @@ import pytest
 from mmgeo.data.caption_groups import (
     caption_neighbours,
     caption_true_of,
+    dataset_neighbours,
     grouped_order,
     phrase_words,
+    superset_neighbours,
     true_pairs,
 )
 from mmgeo.data.shapes import ShapesWorld
@@ -84,3 +86,35 @@ def test_grouped_order_is_a_permutation_of_neighbour_groups():
 def test_shapes_world_captions_without_drawing_are_the_same():
     world = ShapesWorld("train", image_size=32, size=30)
     assert all(world.captions(i) == world[i][1] for i in range(len(world)))
+
+
+def test_superset_neighbours_are_images_a_whole_caption_is_true_of():
+    """An image's superset neighbours hold every object phrase of its fullest caption (and more); an image none
+    holds lists itself, which grouped_order passes over."""
+    captions = [["a big red circle in the center"],  # 0: held by 1 and 2
+                ["a big red circle in the center and a small blue square on the left"],  # 1: held by 2
+                ["there is a small blue square on the left , a big red circle in the center and a green diamond",
+                 "a big red circle in the middle"],
+                ["a big red square in the center"],  # 3: held by none ("square" is not "circle")
+                ["a small blue square on the left"]]  # 4: held by 1 and 2
+    out = superset_neighbours(captions, k=3)
+    assert out.shape == (5, 3) and out.dtype == np.int64
+    assert out.tolist() == [[1, 2, 0], [2, 1, 1], [2, 2, 2], [3, 3, 3], [1, 2, 4]]
+    with pytest.raises(ValueError, match="tfidf or superset"):
+        dataset_neighbours(ShapesWorld("train", image_size=32, size=4), 2, progress=False, by="count")
+
+
+def test_superset_neighbours_of_the_shapes_world_agree_with_the_text_rule():
+    world = ShapesWorld("train", image_size=32, size=400)
+    captions = [world.captions(i) for i in range(len(world))]
+    out = dataset_neighbours(world, 4, progress=False, by="superset")
+    phrases = [[p for c in caps for p in phrase_words(c)] for caps in captions]
+    found = 0
+    for i, row in enumerate(out):
+        whole = max((phrase_words(c) for c in captions[i]), key=len)
+        listed = [int(j) for j in row if j != i]
+        assert all(caption_true_of(whole, phrases[j]) for j in listed)
+        everyone = [j for j in range(len(world)) if j != i and caption_true_of(whole, phrases[j])]
+        assert listed == everyone[:4]
+        found += bool(listed)
+    assert found >= 5

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from mmgeo.data.caption_parts import object_phrases, partial_caption, stated_count
+from mmgeo.data.caption_parts import fewer_phrases, object_phrases, partial_caption, stated_count
 from mmgeo.data.shapes import ShapesWorld
 from mmgeo.data.shapes_grammar import parse
 
@@ -67,3 +67,35 @@ def test_a_single_phrase_gives_no_sub_caption():
 ])
 def test_stated_count(caption, count):
     assert stated_count(caption) == count
+
+
+def test_fewer_phrases_leave_one_object_of_a_shapes_caption_out():
+    """Each copy is a sentence of the grammar naming all of the caption's objects but one (cells kept)."""
+    world = ShapesWorld("train", image_size=48, size=40)
+    rng = np.random.default_rng(0)
+    seen = 0
+    for i in range(len(world)):
+        for caption in world[i][1]:
+            full = parse(caption)
+            copies = fewer_phrases(caption, rng, n=2)
+            assert len(set(copies)) == len(copies) and (1 <= len(copies) <= 2 if len(full.mentions) > 1 else not copies)
+            for sub in copies:
+                if full.template == "relations":  # relation pieces lose their place: not a sentence alone
+                    continue
+                parsed = parse(sub)
+                assert parsed is not None and len(parsed.mentions) == len(full.mentions) - 1
+                assert set(parsed.mentions) <= set(full.mentions)
+                seen += 1
+    assert seen > 50
+
+
+@pytest.mark.parametrize("caption, expected", [
+    ("A man in a red shirt and a woman with a dog.", {"a woman and a dog", "A man in a red shirt and a dog",
+                                                     "A man in a red shirt and a woman"}),
+    ("Two dogs play, and a child watches them.", {"Two dogs play", "a child"}),
+    ("A dog runs on the grass.", set()),
+])
+def test_fewer_phrases_of_flickr_style_captions(caption, expected):
+    out = fewer_phrases(caption, np.random.default_rng(0), n=3)
+    assert len(out) == len(expected) and set(out) == expected
+    assert len(fewer_phrases(caption, np.random.default_rng(0), n=1)) == min(1, len(expected))

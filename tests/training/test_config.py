@@ -3,7 +3,7 @@
 import pytest
 
 from mmgeo.config import ConfigError
-from mmgeo.training.config import AidsConfig, load_train_config
+from mmgeo.training.config import AidsConfig, DataConfig, load_train_config
 
 SYNTHETIC = "configs/synthetic.yaml"
 
@@ -59,3 +59,10 @@ def test_removed_keys_name_their_new_place(key, value, new, tmp_path):
 def test_unknown_section_key_suggests_the_near_miss():
     with pytest.raises(ConfigError, match=r"unknown key\(s\) \['max_step'\] \(did you mean 'max_steps' for"):
         load_train_config(SYNTHETIC, ["--trainer.max_step", "3"])
+
+
+@pytest.mark.parametrize("field, value", [("caption_groups_by", "count"), ("fewer_phrase_negatives", -1),
+                                          ("mask_true_of", "whole"), ("caption_groups", 1)])
+def test_data_options_refuse_values_they_do_not_know(field, value):
+    with pytest.raises(ValueError, match=field):
+        DataConfig(**{field: value})
