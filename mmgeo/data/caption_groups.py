@@ -117,19 +117,22 @@ def superset_neighbours(captions: list[list[str]], k: int, progress=None) -> np.
     ``grouped_order`` passes over. ``progress(n)`` is called per item."""
     N = len(captions)
     phrases = [[phrase_words(c) for c in caps] for caps in captions]
-    vocab: dict[str, int] = {}
-    owned = [(i, [vocab.setdefault(w, len(vocab)) for w in q]) for i, caps in enumerate(phrases)
-             for q in {q for c in caps for q in c}]
-    holds = np.zeros((len(owned), len(vocab)), dtype=bool)  # (phrases, V) each image phrase's words
-    for row, (_, cols) in enumerate(owned):
-        holds[row, cols] = True
+    owned = [(i, q) for i, caps in enumerate(phrases) for q in {q for c in caps for q in c}]  # each image phrase
     owner = np.array([i for i, _ in owned], dtype=np.int64)  # (phrases,) the image each phrase is of
+    rows: dict[str, list[int]] = {}  # word -> the image phrases holding it, ascending (an inverted index)
+    for row, (_, q) in enumerate(owned):
+        for w in q:
+            rows.setdefault(w, []).append(row)
+    postings = {w: np.array(r, dtype=np.int64) for w, r in rows.items()}
     cache: dict[frozenset[str], np.ndarray] = {}  # caption phrase -> ascending items with a phrase holding it
 
     def items_holding(p: frozenset[str]) -> np.ndarray:
         if p not in cache:
-            cols = [vocab[w] for w in p if w in vocab]
-            cache[p] = np.unique(owner[holds[:, cols].all(1)]) if len(cols) == len(p) else owner[:0]
+            lists = sorted((postings.get(w, owner[:0]) for w in p), key=len)
+            held = lists[0] if lists else np.arange(len(owned))
+            for other in lists[1:]:
+                held = np.intersect1d(held, other, assume_unique=True)
+            cache[p] = np.unique(owner[held])
         return cache[p]
 
     out = np.tile(np.arange(N, dtype=np.int64)[:, None], (1, k))  # (N, k)

@@ -138,8 +138,7 @@ class Collate:
         texts = [c for _, c, _ in pairs] + [n for _, _, negs in pairs for n in negs]
         source = [i for i, (_, _, negs) in enumerate(pairs) for _ in negs]  # the pair each negative edits
         partial = [p for item in batch for p in item["partial"]]
-        fewer = [f for item in batch for flags in item.get("fewer") or [[False] * len(negs) for *_, negs in
-                                                                        item["pairs"]] for f in flags]
+        fewer = [f for item in batch for flags in item["fewer"] for f in flags]
         extra = {"partial": torch.tensor(partial, dtype=torch.bool),  # (B,) whether each caption is a sub-caption
                  "negative_source": torch.tensor(source, dtype=torch.long),  # (N_neg,)
                  "negative_fewer": torch.tensor(fewer, dtype=torch.bool)}  # (N_neg,)

@@ -109,7 +109,8 @@ def test_collate_marks_each_edit_true_of_the_other_images_the_text_rules_allow()
         truth = [CaptionTruth(phrase_words(caption), [p for c in image_captions for p in phrase_words(c)],
                               [phrase_words(n) for n in negatives], max(len(phrase_words(c)) for c in image_captions),
                               [stated_count(n) for n in negatives])]
-        return {"pairs": [(torch.zeros(1), caption, negatives)], "partial": [False], "index": i, "epoch": 0,
+        return {"pairs": [(torch.zeros(1), caption, negatives)], "partial": [False],
+                "fewer": [[False] * len(negatives)], "index": i, "epoch": 0,
                 "step": 0, "truth": truth}
 
     items = [item(0, "a small red circle on the left",
@@ -161,7 +162,8 @@ def test_an_edit_that_states_a_count_is_true_only_of_images_holding_that_many():
         truth = CaptionTruth(phrase_words(caption), [p for c in named for p in c],
                              [phrase_words(n) for n in negatives], max(map(len, named)),
                              [stated_count(n) for n in negatives])
-        return {"pairs": [(torch.zeros(1), caption, negatives)], "partial": [False], "index": i, "epoch": 0,
+        return {"pairs": [(torch.zeros(1), caption, negatives)], "partial": [False],
+                "fewer": [[False] * len(negatives)], "index": i, "epoch": 0,
                 "step": 0, "truth": [truth]}
 
     items = [item(0, "one shape : a small red circle on the left", ["one shape : a small red square on the left",
