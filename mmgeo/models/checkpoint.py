@@ -167,3 +167,23 @@ def load_model(path: str | os.PathLike, device: str | torch.device = "cpu") -> G
     model = GeoRetriever(_config_from(record, path))
     model.load_state_dict(state)
     return model.to(device).eval()
+
+
+def load_weights(model: GeoRetriever, path: str | os.PathLike) -> GeoRetriever:
+    """Copy the weights of the mmgeo checkpoint ``path`` into ``model`` (a warm start: fine-tuning one recipe
+    from another's model). The two model configs must agree on every field but ``image_pretrained``; the error
+    names the fields that differ."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint {str(path)!r} to start from does not exist; pass a model.pt that "
+                                "train.py wrote")
+    if _sniff(path) == "unknown":
+        raise ValueError(f"{path} is neither a safetensors file nor a torch checkpoint (by its first bytes)")
+    record, state = _read_safetensors(path) if _sniff(path) == "safetensors" else _read_torch(path)
+    theirs, ours = dataclasses.asdict(_config_from(record, path)), dataclasses.asdict(model.cfg)
+    differ = sorted(k for k in ours if k != "image_pretrained" and ours[k] != theirs.get(k))
+    if differ:
+        shown = ", ".join(f"{k}: {theirs.get(k)!r} there, {ours[k]!r} here" for k in differ)
+        raise ValueError(f"{path} holds a different model ({shown}); set model / model_args as it was trained")
+    model.load_state_dict(state)
+    return model

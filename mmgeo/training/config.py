@@ -120,6 +120,8 @@ class TrainerConfig:
     log_samples: bool = False  # append each step's item indices to samples.tsv (audits the data order)
     seed: int = 0  # seed of weights, caption choice, data order and per-step dropout
     threads: int = 0  # torch CPU threads (0 = torch's default)
+    init_from: str = ""  # a model.pt whose weights start the run (fine-tuning; same model config; fresh optimiser
+    # and schedule; ignored on --resume, whose checkpoint holds the weights); "" = the model's own initialisation
 
 
 @dataclass

@@ -30,7 +30,7 @@ from mmgeo.data.caption_groups import dataset_neighbours
 from mmgeo.data.pairs import CaptionPairs, Collate, open_split
 from mmgeo.data.sampler import ResumableBatchSampler, SampleLog
 from mmgeo.data.shard_stream import ShardLoader, ShardPairs, ShardSource
-from mmgeo.models.checkpoint import save_model
+from mmgeo.models.checkpoint import load_weights, save_model
 from mmgeo.training.callbacks import AttentionDiagnostics, ShardProgress, SkippedReport, ValidationRecall
 from mmgeo.training.config import TrainConfig, load_train_config
 from mmgeo.training.io import AtomicCheckpointIO, RunCSVLogger, checkpoint_step, latest_checkpoint
@@ -189,6 +189,8 @@ def fit(cfg: TrainConfig, resume: str | None = None, callbacks: list | None = No
     resume_step = None if ckpt is None else checkpoint_step(ckpt)
 
     module = RetrievalModule(cfg)
+    if t.init_from and ckpt is None:
+        load_weights(module.model, t.init_from)
     train = open_split(d, "train", d.train_size, module.model.cfg.image_size)
     loader = build_loader(cfg, module, train)
     trainer = build_trainer(cfg, build_callbacks(cfg, module, train, run_dir, callbacks or ()), resume_step)

@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import torch
 
 import eval as eval_app
 import mmgeo.training as training
@@ -64,3 +65,18 @@ def test_clip_baseline_trains_and_refuses_two_stage(tmp_path):
     assert result["score"] == "global"
     with pytest.raises(SystemExit, match="two-stage"):
         eval_app.main(["--ckpt", str(model), "--limit", "5", "--mode", "two-stage"])
+
+
+def test_init_from_starts_a_run_from_a_trained_model(trained, tmp_path):
+    """A warm start: one step at learning rate 0 leaves the model as it was loaded."""
+    import mmgeo
+
+    out = _train(tmp_path, steps=1, extra=["--trainer.init_from", str(trained), "--optim.lr", "0",
+                                            "--trainer.val_every_n_steps", "0"])
+    a, b = mmgeo.load_model(trained).state_dict(), mmgeo.load_model(out).state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_init_from_a_different_model_is_refused(trained, tmp_path):
+    with pytest.raises(ValueError, match="holds a different model"):
+        _train(tmp_path, steps=1, extra=["--trainer.init_from", str(trained), "--model_args.d_a", "12"])

@@ -259,3 +259,25 @@ def test_no_product_code_unpickles_blindly():
     assert len(files) > 20 and ROOT / "mmgeo" / "models" / "checkpoint.py" in files
     bad = [b for p in files for b in unsafe_loads(p.read_text(), str(p.relative_to(ROOT)))]
     assert bad == []
+
+
+def test_load_weights_copies_a_checkpoint_into_a_model_of_the_same_config(tmp_path, tiny_model, tiny_overrides):
+    from mmgeo.models.checkpoint import load_weights
+
+    path = save_model(tiny_model, tmp_path / "m.pt")
+    fresh = mmgeo.create_model("geo-tiny", **tiny_overrides).eval()
+    assert any(not torch.equal(a, b) for a, b in zip(_scores(fresh), _scores(tiny_model)))
+    load_weights(fresh, path)
+    for a, b in zip(_scores(fresh), _scores(tiny_model)):
+        assert torch.equal(a, b)
+
+
+def test_load_weights_names_the_fields_that_differ(tmp_path, tiny_model, tiny_overrides):
+    from mmgeo.models.checkpoint import load_weights
+
+    path = save_model(tiny_model, tmp_path / "m.pt")
+    other = mmgeo.create_model("geo-tiny", **{**tiny_overrides, "image_conv_stem": True})
+    with pytest.raises(ValueError, match=r"image_conv_stem: False there, True here"):
+        load_weights(other, path)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_weights(other, tmp_path / "missing.pt")
