@@ -1,0 +1,89 @@
+"""Where full-caption R@1's misses go: per caption template, and how many first hits the caption is true of too.
+
+    python -m experiments.full_caption_misses --ckpt runs/synthetic/model.pt runs/synthetic_partial/model.pt
+    python -m experiments.full_caption_misses --ckpt RUN/model.pt --split train --images 2000 --out misses.json
+
+Every caption of the first ``--images`` images of a shapes-world split is ranked exactly (geometric score) against
+those images, as R@1 does. A miss whose first hit the caption is also true of (``shapes_queries.satisfies``: it
+holds the caption's objects, and others; a count caption must also match the count) is a *tie the scene graph
+allows*: R@1, with one relevant image per caption, counts it wrong. ``R@1 without those`` is what R@1 would be if
+every such tie were broken toward the caption's own image. Per template ("there is ...", "two shapes : ...",
+"in the top left a ...", the list, the relation chain) the count of captions, of captions true of another image of
+the split (test split only: a scan over every image), of misses and of misses to a true image. Shapes world only
+(truth needs the scene graph, which is used here only to measure; docs/design.md §9).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import Counter
+from pathlib import Path
+
+TEMPLATES = ("list", "there_is", "where_first", "count", "relations")
+
+
+def _misses(model, world, n_images: int, count_multi: bool) -> dict:
+    import torch
+
+    from mmgeo.data.shapes_grammar import parse
+    from mmgeo.data.shapes_queries import satisfies
+    from mmgeo.eval.retrieval import encode_images, exact_scores
+
+    images_ = [world[i] for i in range(n_images)]
+    scenes = [world.scene(i) for i in range(n_images)]
+    captions = [(i, c) for i in range(n_images) for c in images_[i][1]]
+    with torch.inference_mode():
+        images = encode_images(model, images_, progress=False)
+        texts = model.encode_text([c for _, c in captions])
+        top = exact_scores(model, texts, images, "geometric", progress=False).argmax(1).tolist()  # (N_text,)
+    rows = {t: Counter() for t in TEMPLATES}
+    for (own, text), first in zip(captions, top):
+        parsed = parse(text)
+        row = rows[parsed.template]
+        row["captions"] += 1
+        if count_multi:
+            row["true_of_another"] += sum(satisfies(parsed, s) for i, s in enumerate(scenes) if i != own) > 0
+        if first != own:
+            row["misses"] += 1
+            row["misses_to_a_true_image"] += satisfies(parsed, scenes[first])
+    total = sum((r for r in rows.values()), Counter())
+    n = total["captions"]
+    return {"images": n_images, "captions": n, "R@1": 1 - total["misses"] / n,
+            "R@1_without_true_ties": 1 - (total["misses"] - total["misses_to_a_true_image"]) / n,
+            "misses": total["misses"], "misses_to_a_true_image": total["misses_to_a_true_image"],
+            "per_template": {t: dict(r) for t, r in rows.items()}}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ckpt", nargs="+", required=True, help="model.pt files, one row each")
+    parser.add_argument("--split", default="test", choices=("train", "val", "test", "cogent"))
+    parser.add_argument("--images", type=int, default=None, help="the split's first N images (default: all)")
+    parser.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
+    args = parser.parse_args(argv)
+
+    from mmgeo.data.shapes import ShapesWorld
+    from mmgeo.models.checkpoint import load_model
+
+    rows = []
+    for ckpt in args.ckpt:
+        model = load_model(ckpt)
+        world = ShapesWorld(args.split, image_size=model.cfg.image_size)
+        n = min(args.images or len(world), len(world))
+        rows.append({"ckpt": str(ckpt), "split": args.split, **_misses(model, world, n, args.split == "test")})
+    print("\n| model | captions | R@1 | misses | of which to a true image | R@1 without those | per template: misses "
+          "(to a true image) |")
+    print("|---|---:|---:|---:|---:|---:|---|")
+    for r in rows:
+        per = "; ".join(f"{t} {c.get('misses', 0)} ({c.get('misses_to_a_true_image', 0)})"
+                        for t, c in r["per_template"].items())
+        print(f"| {r['ckpt']} | {r['captions']} | {100 * r['R@1']:.1f} | {r['misses']} | "
+              f"{r['misses_to_a_true_image']} | {100 * r['R@1_without_true_ties']:.1f} | {per} |")
+    if args.out:
+        args.out.write_text(json.dumps({"rows": rows}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
