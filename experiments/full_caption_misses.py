@@ -9,7 +9,8 @@ holds the caption's objects, and others; a count caption must also match the cou
 allows*: R@1, with one relevant image per caption, counts it wrong. ``R@1 without those`` is what R@1 would be if
 every such tie were broken toward the caption's own image. Per template ("there is ...", "two shapes : ...",
 "in the top left a ...", the list, the relation chain) the count of captions, of captions true of another image of
-the split (test split only: a scan over every image), of misses and of misses to a true image. Shapes world only
+the split (``--true-of-another``: a scan over every pair, the same for every model), of misses and of misses to a
+true image. Shapes world only
 (truth needs the scene graph, which is used here only to measure; docs/design.md §9).
 """
 
@@ -23,7 +24,20 @@ from pathlib import Path
 TEMPLATES = ("list", "there_is", "where_first", "count", "relations")
 
 
-def _misses(model, world, n_images: int, count_multi: bool) -> dict:
+def _true_of_another(world, n_images: int) -> dict[str, int]:
+    """Per template, the captions of the first ``n_images`` images true of another of those images (any model)."""
+    from mmgeo.data.shapes_grammar import parse
+    from mmgeo.data.shapes_queries import satisfies
+
+    scenes, out = [world.scene(i) for i in range(n_images)], Counter()
+    for own in range(n_images):
+        for text in world.captions(own):
+            parsed = parse(text)
+            out[parsed.template] += any(satisfies(parsed, s) for i, s in enumerate(scenes) if i != own)
+    return {t: out[t] for t in TEMPLATES}
+
+
+def _misses(model, world, n_images: int) -> dict:
     import torch
 
     from mmgeo.data.shapes_grammar import parse
@@ -42,8 +56,6 @@ def _misses(model, world, n_images: int, count_multi: bool) -> dict:
         parsed = parse(text)
         row = rows[parsed.template]
         row["captions"] += 1
-        if count_multi:
-            row["true_of_another"] += sum(satisfies(parsed, s) for i, s in enumerate(scenes) if i != own) > 0
         if first != own:
             row["misses"] += 1
             row["misses_to_a_true_image"] += satisfies(parsed, scenes[first])
@@ -60,18 +72,23 @@ def main(argv=None) -> int:
     parser.add_argument("--ckpt", nargs="+", required=True, help="model.pt files, one row each")
     parser.add_argument("--split", default="test", choices=("train", "val", "test", "cogent"))
     parser.add_argument("--images", type=int, default=None, help="the split's first N images (default: all)")
+    parser.add_argument("--true-of-another", action="store_true",
+                        help="also count, per template, the captions true of another image of those scanned")
     parser.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
     args = parser.parse_args(argv)
 
     from mmgeo.data.shapes import ShapesWorld
     from mmgeo.models.checkpoint import load_model
 
-    rows = []
+    rows, truth = [], None
     for ckpt in args.ckpt:
         model = load_model(ckpt)
         world = ShapesWorld(args.split, image_size=model.cfg.image_size)
         n = min(args.images or len(world), len(world))
-        rows.append({"ckpt": str(ckpt), "split": args.split, **_misses(model, world, n, args.split == "test")})
+        rows.append({"ckpt": str(ckpt), "split": args.split, **_misses(model, world, n)})
+    if args.true_of_another:
+        truth = _true_of_another(world, n)
+        print("captions true of another image, per template:", truth, f"({sum(truth.values())} in all)")
     print("\n| model | captions | R@1 | misses | of which to a true image | R@1 without those | per template: misses "
           "(to a true image) |")
     print("|---|---:|---:|---:|---:|---:|---|")
@@ -81,7 +98,7 @@ def main(argv=None) -> int:
         print(f"| {r['ckpt']} | {r['captions']} | {100 * r['R@1']:.1f} | {r['misses']} | "
               f"{r['misses_to_a_true_image']} | {100 * r['R@1_without_true_ties']:.1f} | {per} |")
     if args.out:
-        args.out.write_text(json.dumps({"rows": rows}, indent=2))
+        args.out.write_text(json.dumps({"rows": rows, "true_of_another": truth}, indent=2))
     return 0
 
 
