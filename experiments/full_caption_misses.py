@@ -9,14 +9,16 @@ holds the caption's objects, and others; a count caption must also match the cou
 allows*: R@1, with one relevant image per caption, counts it wrong. ``R@1 without those`` is what R@1 would be if
 every such tie were broken toward the caption's own image. Per template ("there is ...", "two shapes : ...",
 "in the top left a ...", the list, the relation chain) the count of captions, of captions true of another image of
-the split (``--true-of-another``: a scan over every pair, the same for every model), of misses and of misses to a
-true image. Shapes world only
+the split (``--true-of-another``: a scan over every pair, the same for every model), of misses, of misses to a
+true image, and of misses to a denser image holding the caption's objects (for a count caption: whatever its count
+says, so a count the first hit breaks shows there). Shapes world only
 (truth needs the scene graph, which is used here only to measure; docs/design.md §9).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from collections import Counter
 from pathlib import Path
@@ -59,11 +61,15 @@ def _misses(model, world, n_images: int) -> dict:
         if first != own:
             row["misses"] += 1
             row["misses_to_a_true_image"] += satisfies(parsed, scenes[first])
+            uncounted = dataclasses.replace(parsed, template="list") if parsed.template == "count" else parsed
+            row["misses_to_a_denser_holder"] += len(scenes[first]) > len(scenes[own]) and satisfies(uncounted,
+                                                                                                  scenes[first])
     total = sum((r for r in rows.values()), Counter())
     n = total["captions"]
     return {"images": n_images, "captions": n, "R@1": 1 - total["misses"] / n,
             "R@1_without_true_ties": 1 - (total["misses"] - total["misses_to_a_true_image"]) / n,
             "misses": total["misses"], "misses_to_a_true_image": total["misses_to_a_true_image"],
+            "misses_to_a_denser_holder": total["misses_to_a_denser_holder"],
             "per_template": {t: dict(r) for t, r in rows.items()}}
 
 

@@ -16,6 +16,7 @@ def test_misses_add_up_and_ties_are_scene_graph_truths(tmp_path, tiny_model):
     assert row["images"] == 12 and row["captions"] == sum(r.get("captions", 0) for r in per) == 60
     assert row["misses"] == sum(r.get("misses", 0) for r in per) > 0  # an untrained model misses most
     assert 0 <= row["misses_to_a_true_image"] <= row["misses"]
+    assert 0 <= row["misses_to_a_denser_holder"] <= row["misses"]
     assert abs(row["R@1"] - (1 - row["misses"] / 60)) < 1e-9
     assert row["R@1_without_true_ties"] >= row["R@1"]
     truth = json.loads(out.read_text())["true_of_another"]
