@@ -23,26 +23,23 @@ import json
 from collections import Counter
 from pathlib import Path
 
-TEMPLATES = ("list", "there_is", "where_first", "count", "relations")
-
 
 def _true_of_another(world, n_images: int) -> dict[str, int]:
     """Per template, the captions of the first ``n_images`` images true of another of those images (any model)."""
-    from mmgeo.data.shapes_grammar import parse
-    from mmgeo.data.shapes_queries import satisfies
+    from mmgeo.data.shapes_grammar import TEMPLATES, parse
+    from mmgeo.data.shapes_queries import true_images
 
     scenes, out = [world.scene(i) for i in range(n_images)], Counter()
     for own in range(n_images):
         for text in world.captions(own):
-            parsed = parse(text)
-            out[parsed.template] += any(satisfies(parsed, s) for i, s in enumerate(scenes) if i != own)
+            out[parse(text).template] += bool((true_images(text, scenes) != own).any())
     return {t: out[t] for t in TEMPLATES}
 
 
 def _misses(model, world, n_images: int) -> dict:
     import torch
 
-    from mmgeo.data.shapes_grammar import parse
+    from mmgeo.data.shapes_grammar import TEMPLATES, parse
     from mmgeo.data.shapes_queries import satisfies
     from mmgeo.eval.retrieval import encode_images, exact_scores
 

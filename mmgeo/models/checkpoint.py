@@ -152,19 +152,23 @@ def _read_torch(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:
                      "mmgeo.save_model")
 
 
-def load_model(path: str | os.PathLike, device: str | torch.device = "cpu") -> GeoRetriever:
-    """Rebuild a model from an mmgeo checkpoint (safetensors or torch) or a train.py Lightning checkpoint;
-    eval mode. Never unpickles code: torch files go through ``torch.load(weights_only=True)``."""
-    path = Path(path)
+def _read(path: Path, missing: str) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """-> (model config, state dict) of the mmgeo checkpoint ``path``; ``missing``: the hint when it is absent."""
     if not path.is_file():
-        raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist; train one with "
-                                "`python train.py --config configs/synthetic.yaml`")
+        raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist; {missing}")
     kind = _sniff(path)
     if kind == "unknown":
         raise ValueError(f"{path} is neither a safetensors file nor a torch checkpoint (by its first bytes); "
                          "pass the model.pt or model.safetensors that train.py or mmgeo.save_model wrote")
     record, state = _read_safetensors(path) if kind == "safetensors" else _read_torch(path)
-    model = GeoRetriever(_config_from(record, path))
+    return _config_from(record, path), state
+
+
+def load_model(path: str | os.PathLike, device: str | torch.device = "cpu") -> GeoRetriever:
+    """Rebuild a model from an mmgeo checkpoint (safetensors or torch) or a train.py Lightning checkpoint;
+    eval mode. Never unpickles code: torch files go through ``torch.load(weights_only=True)``."""
+    cfg, state = _read(Path(path), "train one with `python train.py --config configs/synthetic.yaml`")
+    model = GeoRetriever(cfg)
     model.load_state_dict(state)
     return model.to(device).eval()
 
@@ -174,13 +178,8 @@ def load_weights(model: GeoRetriever, path: str | os.PathLike) -> GeoRetriever:
     from another's model). The two model configs must agree on every field but ``image_pretrained``; the error
     names the fields that differ."""
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"checkpoint {str(path)!r} to start from does not exist; pass a model.pt that "
-                                "train.py wrote")
-    if _sniff(path) == "unknown":
-        raise ValueError(f"{path} is neither a safetensors file nor a torch checkpoint (by its first bytes)")
-    record, state = _read_safetensors(path) if _sniff(path) == "safetensors" else _read_torch(path)
-    theirs, ours = dataclasses.asdict(_config_from(record, path)), dataclasses.asdict(model.cfg)
+    cfg, state = _read(path, "pass a model.pt that train.py wrote to start from")
+    theirs, ours = dataclasses.asdict(cfg), dataclasses.asdict(model.cfg)
     differ = sorted(k for k in ours if k != "image_pretrained" and ours[k] != theirs.get(k))
     if differ:
         shown = ", ".join(f"{k}: {theirs.get(k)!r} there, {ours[k]!r} here" for k in differ)
