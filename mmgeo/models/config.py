@@ -44,6 +44,9 @@ class ModelConfig:
     lowrank_rank: int = 0  # rank r of the optional low-rank mapping of q and k (0 = off)
     qk_init_gain: float | None = None  # orthogonal init of the Q/K maps' final layers with this gain (paper: 0.1,
     # docs/design.md §8); None = PyTorch's default init
+    coverage_weight: float = 0.0  # β: the score is s + β·cov, cov the share of the image's salient patches the
+    # caption explains (mmgeo.kernels.coverage; breaks ties toward the image with nothing unnamed, docs/design.md §9);
+    # 0 = off (geometric models only)
     d_global: int = 128  # dimension of the pooled global vectors (what FAISS indexes)
     global_pool: str = "cls"  # what the global vectors pool: "cls" ([CLS] token / the ViT's own pooling), "mean"
     # (mean over real tokens and over patches) or "values" (geometric models: the mean text value û and the mean
@@ -62,6 +65,9 @@ class ModelConfig:
         if self.global_pool == "values" and self.score != "geometric":
             raise ValueError("global_pool='values' pools the geometric values; a global-only model has none: "
                              "use 'cls' or 'mean'")
+        if self.coverage_weight and self.score != "geometric":
+            raise ValueError("coverage_weight needs the geometric score's attention; a global-only model has none: "
+                             "set it to 0")
         if self.image_size % self.patch_size:
             raise ValueError(f"image_size {self.image_size} must be a multiple of patch_size {self.patch_size}")
         if self.image_stem_full_res and not self.image_conv_stem:

@@ -18,9 +18,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from mmgeo.kernels import pair_score
+from mmgeo.kernels.coverage import coverage
 from mmgeo.layers import (
     ConvChannelAttentionKeyHead,
     LowRankMapping,
+    PatchSalience,
     PhraseWindow,
     PositionAwareTextMLP,
     ValueProjection,
@@ -76,6 +78,7 @@ class GeoRetriever(nn.Module):
                                                         cfg.spatial_gate)  # M_K
             self.value_proj = ValueProjection(image_dim, H, cfg.d_e, gated=cfg.gated_value)  # P_V
             self.lowrank = LowRankMapping(cfg.d_a, cfg.lowrank_rank) if cfg.lowrank_rank else None
+            self.salience = PatchSalience(H, cfg.d_a) if cfg.coverage_weight else None
             self.logit_scale_geo = nn.Parameter(torch.tensor(math.log(1 / cfg.init_temperature_geo)))
             if cfg.qk_init_gain is not None:
                 self.init_qk_orthogonal_(cfg.qk_init_gain)
@@ -181,7 +184,12 @@ class GeoRetriever(nn.Module):
             raise ValueError(f"mode must be 'geometric' or 'global', got {mode!r}")
         if not self.geometric or text.attn is None or image.attn is None:
             raise ValueError("this model has no geometric score (score='global'); use mode='global'")
-        return pair_score(text.attn, text.mask, text.value, image.attn, image.mask, image.value)
+        s = pair_score(text.attn, text.mask, text.value, image.attn, image.mask, image.value)  # (N_t, N_i)
+        if self.salience is None:
+            return s
+        cov = coverage(text.attn, text.mask, text.value, image.attn, image.mask, image.value,
+                       self.salience(image.attn))  # (N_t, N_i)
+        return s + self.cfg.coverage_weight * cov.to(s.dtype)
 
     def logits(self, text: Embedding, image: Embedding) -> dict[str, torch.Tensor]:
         """Temperature-scaled training logits per score, each (B_t, B_i)."""
@@ -189,6 +197,12 @@ class GeoRetriever(nn.Module):
         if self.geometric:
             out["geometric"] = self.logit_scale_geo.exp().clamp(max=MAX_LOGIT_SCALE) * self.score(text, image)
         return out
+
+    @property
+    def coverage_term(self) -> tuple[float, nn.Module] | None:
+        """(β, the ``PatchSalience``) when the score adds β·cov (``model_args.coverage_weight``), else None: what the
+        re-rank (``mmgeo.search.two_stage``) needs to give the same numbers as ``score``."""
+        return (self.cfg.coverage_weight, self.salience) if self.geometric and self.salience is not None else None
 
     @property
     def default_mode(self) -> str:

@@ -11,25 +11,31 @@ import torch
 import torch.nn.functional as F
 
 from mmgeo.kernels import attention_scale, candidate_scores
+from mmgeo.kernels.coverage import candidate_coverage, coverage_ratio
 from mmgeo.kernels.pair_score import LOG2E, SAFE_LOGIT
 from mmgeo.search.store import Gallery, RerankStore
 
 
 def rerank_scores(q: torch.Tensor, q_mask: torch.Tensor, u: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                  mask: torch.Tensor) -> torch.Tensor:
-    """The geometric score (``mmgeo.kernels.pair_score``'s numbers) of one caption against K candidate images.
+                  mask: torch.Tensor, coverage=None) -> torch.Tensor:
+    """The geometric score (``GeoRetriever.score``'s numbers) of one caption against K candidate images.
 
     q (H, T, d_a), q_mask (T,), u (H, T, d_e) of the caption; keys (H, K, S, d_a), values (H, K, S, d_e) and
     mask (K, S), e.g. a block of ``Gallery.candidate_blocks`` -> (K,), by ``candidate_scores``: two GEMMs per
-    head over all K·S patches at once (<q_t, k_j> and <u_t, v_j>), not K small ones.
+    head over all K·S patches at once (<q_t, k_j> and <u_t, v_j>), not K small ones. ``coverage``: the model's
+    ``coverage_term`` (β, its ``PatchSalience``), which adds β·cov (``mmgeo.kernels.coverage``); None = s alone.
     """
     q, u = q[:, q_mask].float(), u[:, q_mask].float()  # (H, n, d) real tokens only
     per_token = candidate_scores(q, u, keys, values, mask)  # (n, K), summed over heads; scale 1/sqrt(d_a)
-    return per_token.mean(0) / q.shape[0]  # mean over tokens and heads
+    s = per_token.mean(0) / q.shape[0]  # (K,): mean over tokens and heads
+    if coverage is None:
+        return s
+    weight, salience = coverage
+    return s + weight * candidate_coverage(q, u, keys, values, mask, salience(keys.transpose(0, 1)))
 
 
 def table_scores(lut_k: torch.Tensor, lut_v: torch.Tensor, key_rows: torch.Tensor, value_rows: torch.Tensor,
-                 mask: torch.Tensor, shift: bool = True) -> torch.Tensor:
+                 mask: torch.Tensor, shift: bool = True, explained: bool = False):
     """``candidate_scores`` (Σ_j a_tj <u_t, v_j>, summed over heads: (n, K)) of keys and values that are sums of
     codewords, straight from their codes (``mmgeo.search.codecs.Codewords``), without decoding them.
 
@@ -38,7 +44,8 @@ def table_scores(lut_k: torch.Tensor, lut_v: torch.Tensor, key_rows: torch.Tenso
     each u_t; key_rows (H, K, S, M_k), value_rows (H, K, S, M_v): the codes as rows of those tables; mask (K, S).
     A logit <q_t, k_j> is the sum of its M_k table entries (one ``embedding_bag``), so the work per candidate
     is M gathers of n numbers per patch instead of decoding d numbers and a d-long dot product per token.
-    ``shift``: subtract each softmax's max (needed only when a logit can reach ``SAFE_LOGIT``).
+    ``shift``: subtract each softmax's max (needed only when a logit can reach ``SAFE_LOGIT``). ``explained``: also
+    return each patch's m_j (K, S), what coverage sums (``mmgeo.kernels.coverage``).
     """
     H, K, S, M_k = key_rows.shape
     n = lut_k.shape[1]
@@ -49,17 +56,23 @@ def table_scores(lut_k: torch.Tensor, lut_v: torch.Tensor, key_rows: torch.Tenso
     if shift:
         logits -= logits.amax(2, keepdim=True)
     weights = logits.exp2_()  # (H, K, S, n)
-    return ((weights * uv).sum(2) / weights.sum(2)).sum(0).T  # (n, K)
+    total = weights.sum(2)  # (H, K, n)
+    per_token = ((weights * uv).sum(2) / total).sum(0).T  # (n, K)
+    if not explained:
+        return per_token
+    a = weights.div_(total[:, :, None])  # (H, K, S, n): a_tj, in place (weights are not needed any more)
+    return per_token, (a * uv.clamp_(min=0)).mean(0).amax(-1)  # (K, S): m_j of mmgeo.kernels.coverage
 
 
 def rerank_candidates(q: torch.Tensor, q_mask: torch.Tensor, u: torch.Tensor, gallery: RerankStore, ids,
-                      block: int | None = None) -> torch.Tensor:
+                      block: int | None = None, coverage=None) -> torch.Tensor:
     """``rerank_scores`` of one caption (q (H, T, d_a), q_mask (T,), u (H, T, d_e)) against the gallery images
     ``ids`` (K,) -> (K,), a block of candidates at a time, whatever the store's codec: PQ / RQ codes scored from
     the caption's look-up tables (``table_scores``, ``Gallery.code_blocks``), fp16 and SQ read and decoded
-    (``Gallery.candidate_blocks``), then scored and dropped."""
+    (``Gallery.candidate_blocks``), then scored and dropped. ``coverage`` as ``rerank_scores``: from codes, a
+    patch's salience logit w·k_j is a sum of look-up entries too (w as one more query)."""
     if not gallery.scores_from_codes:
-        return torch.cat([rerank_scores(q, q_mask, u, *kv) for kv in gallery.candidate_blocks(ids, block)])
+        return torch.cat([rerank_scores(q, q_mask, u, *kv, coverage) for kv in gallery.candidate_blocks(ids, block)])
     q, u = q[:, q_mask].float(), u[:, q_mask].float()  # (H, n, d) real tokens only
     H, n, d_a = q.shape
     q = q * (attention_scale(d_a) * LOG2E)  # base-2 logits (``table_scores``)
@@ -68,8 +81,19 @@ def rerank_candidates(q: torch.Tensor, q_mask: torch.Tensor, u: torch.Tensor, ga
     lut_v = gallery.codewords["values"].lut(u)  # (H·M_v·256, n)
     shift = bool((q.norm(dim=-1).amax(1) * keys.max_norm).amax() >= SAFE_LOGIT) if n else False  # |<q, k>| bound
     blocks = gallery.code_blocks(ids, block or gallery.block_size(2 * n))  # logits and <u, v>: 2n per patch
-    per_token = torch.cat([table_scores(lut_k, lut_v, *rows, shift) for rows in blocks], dim=1)  # (n, K)
-    return per_token.mean(0) / H  # mean over tokens and heads
+    if coverage is None:
+        per_token = torch.cat([table_scores(lut_k, lut_v, *rows, shift) for rows in blocks], dim=1)  # (n, K)
+        return per_token.mean(0) / H  # mean over tokens and heads
+    weight, salience = coverage
+    lut_o = keys.lut(salience.proj.weight.detach().float().view(H, 1, d_a))  # (H·M_k·256, 1): <w_h, codeword>
+    out = []
+    for key_rows, value_rows, mask in blocks:
+        per_token, explained = table_scores(lut_k, lut_v, key_rows, value_rows, mask, shift, explained=True)
+        _, K, L, M_k = key_rows.shape
+        logit = F.embedding_bag(key_rows.reshape(-1, M_k), lut_o, mode="sum").view(H, K, L).sum(0)  # (K, L): w·k_j
+        o = torch.sigmoid(logit + salience.proj.bias.detach().float())  # (K, L)
+        out.append(per_token.mean(0) / H + weight * coverage_ratio(explained, o * mask))
+    return torch.cat(out)
 
 
 @torch.inference_mode()
@@ -102,7 +126,8 @@ def search_texts(model, gallery: Gallery, texts, ks, reranks, k_prime: int = 100
     texts = texts.to("cpu")
     for i in rows:
         c = ids[i][valid[i]]  # (K'_i,) candidates
-        s = rerank_candidates(texts.attn[i], texts.mask[i], texts.value[i], store, pos[i][valid[i]]).numpy()
+        s = rerank_candidates(texts.attn[i], texts.mask[i], texts.value[i], store, pos[i][valid[i]],
+                              coverage=model.coverage_term).numpy()
         order = np.argsort(-s, kind="stable")[:ks[i]]
         out[i] = c[order], s[order]
     return out

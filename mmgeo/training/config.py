@@ -105,6 +105,23 @@ class LossConfig:
 
 
 @dataclass
+class CoverageConfig:
+    """After training, fit the coverage salience with the model frozen (``mmgeo.training.fit_coverage``,
+    docs/design.md §9) and write the model with it."""
+
+    weight: float = 0.0  # β written into the model (its score becomes s + β·cov); 0 = no fit
+    fit_weight: float = 0.05  # β_fit: the weight of cov in the fitting loss
+    images: int = 2000  # the first N training images (and their captions) are the fit's queries and candidates
+    candidates: int = 10  # per caption, its K best images by the geometric score s
+    steps: int = 300  # full-batch Adam steps (only the salience's 1 + H·d_a parameters learn)
+    lr: float = 0.05  # Adam's learning rate
+
+    def __post_init__(self):
+        if self.weight < 0 or self.fit_weight <= 0 or min(self.images, self.candidates, self.steps) < 1:
+            raise ValueError(f"coverage: weight >= 0, fit_weight > 0 and images, candidates, steps >= 1; got {self}")
+
+
+@dataclass
 class TrainerConfig:
     max_steps: int = 1000  # optimiser steps
     batch_size: int = 128  # image–caption pairs per step over ALL devices (each gets batch_size / world)
@@ -162,6 +179,7 @@ class TrainConfig:
     loss: LossConfig = field(default_factory=LossConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     aids: AidsConfig = field(default_factory=AidsConfig)
+    coverage: CoverageConfig = field(default_factory=CoverageConfig)
 
 
 def load_train_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TrainConfig:

@@ -189,6 +189,10 @@ def fit(cfg: TrainConfig, resume: str | None = None, callbacks: list | None = No
     resume_step = None if ckpt is None else checkpoint_step(ckpt)
 
     module = RetrievalModule(cfg)
+    if cfg.coverage.weight and (d.name == "webdataset" or not module.model.geometric):
+        raise ValueError("coverage.weight: the coverage fit needs a geometric model and an indexed training split "
+                         "(not data.name: webdataset); set coverage.weight: 0 or fit afterwards with "
+                         "python -m mmgeo.training.fit_coverage --data ... ")
     if t.init_from and ckpt is None:
         load_weights(module.model, t.init_from)
     train = open_split(d, "train", d.train_size, module.model.cfg.image_size)
@@ -225,6 +229,15 @@ def fit(cfg: TrainConfig, resume: str | None = None, callbacks: list | None = No
         save_model(module.model, out, {k[len("model."):]: v for k, v in state.items() if k.startswith("model.")})
         print(f"trained {t.max_steps} steps in {time.time() - start:.0f} s"
               f"{f' (resumed from {ckpt.name})' if ckpt else ''}; model written to {out}")
+        if cfg.coverage.weight:
+            from mmgeo.training.fit_coverage import fit_into
+
+            start = time.time()
+            record = fit_into(out, train, cfg.coverage, log=lambda line: print(f"coverage fit {line}"))
+            print(f"coverage fitted on {record['fitted_on']} of {record['captions']} captions in "
+                  f"{time.time() - start:.0f} s (own image first among its candidates: "
+                  f"{record['own_first_before']:.3f} -> {record['own_first_after_at_fit_weight']:.3f}); "
+                  f"model with coverage_weight {cfg.coverage.weight} written to {out}")
     return out
 
 

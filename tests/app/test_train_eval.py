@@ -80,3 +80,22 @@ def test_init_from_starts_a_run_from_a_trained_model(trained, tmp_path):
 def test_init_from_a_different_model_is_refused(trained, tmp_path):
     with pytest.raises(ValueError, match="holds a different model"):
         _train(tmp_path, steps=1, extra=["--trainer.init_from", str(trained), "--model_args.d_a", "12"])
+
+
+def test_coverage_fit_after_training_writes_the_model_with_it(trained, tmp_path, capsys):
+    """coverage.weight: the run's model.pt is the trained model plus the fitted salience, scored with β."""
+    import mmgeo
+
+    out = _train(tmp_path, steps=1, extra=["--trainer.init_from", str(trained), "--optim.lr", "0",
+                                            "--trainer.val_every_n_steps", "0", "--coverage.weight", "0.1",
+                                            "--coverage.images", "16", "--coverage.steps", "5"])
+    assert "coverage fitted on" in capsys.readouterr().out
+    fitted, plain = mmgeo.load_model(out), mmgeo.load_model(trained)
+    assert fitted.coverage_term[0] == 0.1 and fitted.salience.proj.weight.abs().sum() > 0
+    shared = plain.state_dict()
+    assert all(torch.equal(v, shared[k]) for k, v in fitted.state_dict().items() if not k.startswith("salience."))
+
+
+def test_coverage_fit_needs_a_geometric_model(tmp_path):
+    with pytest.raises(ValueError, match="coverage fit needs a geometric model"):
+        _train(tmp_path, "configs/synthetic_clip.yaml", steps=1, extra=["--coverage.weight", "0.1"])

@@ -81,7 +81,8 @@ def test_clip_baseline_is_global_only(tiny_overrides, batch):
     assert set(clip.logits(t, i)) == {"global"}
 
 
-@pytest.mark.parametrize("opts", [dict(gated_value=True), dict(lowrank_rank=4), dict(spatial_gate=True)])
+@pytest.mark.parametrize("opts", [dict(gated_value=True), dict(lowrank_rank=4), dict(spatial_gate=True),
+                                  dict(coverage_weight=0.1)])
 def test_options_build_and_train_a_step(tiny_overrides, batch, opts):
     images, captions = batch
     model = mmgeo.create_model("geo-tiny", **{**tiny_overrides, **opts})
@@ -91,6 +92,28 @@ def test_options_build_and_train_a_step(tiny_overrides, batch, opts):
     loss.backward()
     assert torch.isfinite(loss)
     assert model.key_head.proj.weight.grad.abs().sum() > 0 and model.query_mlp.fc2.weight.grad.abs().sum() > 0
+
+
+def test_coverage_adds_beta_times_coverage_and_its_salience_learns(tiny_overrides, batch):
+    from mmgeo.kernels import pair_score
+    from mmgeo.kernels.coverage import coverage
+
+    images, captions = batch
+    torch.manual_seed(0)
+    model = mmgeo.create_model("geo-tiny", **{**tiny_overrides, "coverage_weight": 0.25})
+    t, i = model.encode_text(captions), model.encode_image(images)
+    s = pair_score(t.attn, t.mask, t.value, i.attn, i.mask, i.value)
+    cov = coverage(t.attn, t.mask, t.value, i.attn, i.mask, i.value, model.salience(i.attn))
+    assert float((cov - cov.mean()).abs().max().detach()) > 0, "the same coverage for every pair: nothing checked"
+    torch.testing.assert_close(model.score(t, i), s + 0.25 * cov)
+    assert model.coverage_term == (0.25, model.salience)
+    assert mmgeo.create_model("geo-tiny", **tiny_overrides).coverage_term is None
+    tok = model.tokenize(captions)
+    pixels = torch.stack([model.preprocess(im) for im in images])
+    retrieval_loss(model.logits(*model(tok["input_ids"], tok["attention_mask"], pixels)))["loss"].backward()
+    assert model.salience.proj.weight.grad.abs().sum() > 0
+    with pytest.raises(ValueError, match="coverage_weight needs the geometric score"):
+        mmgeo.create_model("clip-tiny", **{**tiny_overrides, "coverage_weight": 0.1})
 
 
 def test_loss_is_symmetric_and_prefers_the_diagonal():

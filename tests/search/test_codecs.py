@@ -10,6 +10,7 @@ import torch
 
 import mmgeo
 from mmgeo.kernels.pair_score import SAFE_LOGIT
+from mmgeo.layers import PatchSalience
 from mmgeo.models import Embedding
 from mmgeo.search.build import build_gallery_from_embedding, build_random_gallery
 from mmgeo.search.codecs import CODECS, ROLES, Codewords, bytes_per_image, decode
@@ -105,18 +106,28 @@ def test_manifest_sizes_are_the_bytes_on_disk(galleries, codec):
     assert store["bytes_per_image"] <= fp16 / ratio
 
 
+@pytest.mark.parametrize("with_coverage", [False, True])
 @pytest.mark.parametrize("codec", ["fp16", "sq8", "pq8", "pq16", "rq8", "rq16"])
-def test_rerank_from_codes_equals_rerank_of_the_decoded_arrays(model, galleries, codec):
-    """The block path (read, decode, score, drop) gives the numbers of the same function over all decoded keys."""
+def test_rerank_from_codes_equals_rerank_of_the_decoded_arrays(model, galleries, codec, with_coverage):
+    """The block path (read, decode, score, drop) gives the numbers of the same function over all decoded keys; so
+    does the coverage term, whose salience logits come from look-up tables for PQ / RQ codes."""
     root, _ = galleries
     g = Gallery(root / codec)
     keys, values, mask = decoded_all(g)
     text = model.encode_text(["a red circle", "a small blue square on the left of a big green triangle"])
     ids = np.array([5, 77, 3, 119, 0, 42, 8, 64, 100, 31, 2])
+    term = None
+    if with_coverage:
+        salience = PatchSalience(H, D)
+        torch.nn.init.normal_(salience.proj.weight, std=0.3, generator=torch.Generator().manual_seed(0))
+        term = (0.5, salience)
     for i in range(2):
-        want = rerank_scores(text.attn[i], text.mask[i], text.value[i], keys[:, ids], values[:, ids], mask[ids])
+        want = rerank_scores(text.attn[i], text.mask[i], text.value[i], keys[:, ids], values[:, ids], mask[ids], term)
+        if with_coverage:  # the term moved the scores: the comparison covers it
+            assert (want - rerank_scores(text.attn[i], text.mask[i], text.value[i], keys[:, ids], values[:, ids],
+                                         mask[ids])).abs().max() > 1e-3
         for block in (1, 4, None):
-            got = rerank_candidates(text.attn[i], text.mask[i], text.value[i], g, ids, block)
+            got = rerank_candidates(text.attn[i], text.mask[i], text.value[i], g, ids, block, term)
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 

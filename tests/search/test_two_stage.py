@@ -2,10 +2,13 @@
 (``rank_captions``, evaluation's use of it: tests/eval/test_two_stage.py)."""
 
 import numpy as np
+import pytest
 import torch
 
+import mmgeo
 from mmgeo.models import Embedding
 from mmgeo.search.two_stage import rerank_scores, search_text
+from tests.conftest import TINY
 
 TIE = 1e-5  # scores this close may swap between code paths (BLAS rounding differs by CPU): ids compared up to ties
 
@@ -50,8 +53,14 @@ def test_rerank_off_is_the_global_order(ranked):
         assert_topk_up_to_ties(ids, glob[i], 5)
 
 
-def test_rerank_scores_are_the_models_geometric_scores(tiny_model):
-    """The serving re-rank (head-major GEMMs over all candidates) gives model.score's numbers, padding included."""
+@pytest.mark.parametrize("coverage_weight", [0.0, 0.3])
+def test_rerank_scores_are_the_models_geometric_scores(coverage_weight):
+    """The serving re-rank (head-major GEMMs over all candidates) gives model.score's numbers, padding included,
+    with the coverage term when the model has one."""
+    torch.manual_seed(0)
+    tiny_model = mmgeo.create_model("geo-tiny", **TINY, coverage_weight=coverage_weight).eval()
+    if coverage_weight:  # a salience that differs between patches, not the zero init's 0.5 everywhere
+        torch.nn.init.normal_(tiny_model.salience.proj.weight, std=0.5)
     g = torch.Generator().manual_seed(0)
     text = tiny_model.encode_text(["a red circle", "a small blue square on the left of a big green triangle"])
     K, H, S = 7, tiny_model.cfg.num_heads, 16
@@ -62,5 +71,5 @@ def test_rerank_scores_are_the_models_geometric_scores(tiny_model):
     want = tiny_model.score(text, Embedding(torch.zeros(K, 1), keys, values, mask))  # (2, K)
     for i in range(2):  # caption 0 is padded in the batch, caption 1 is not
         got = rerank_scores(text.attn[i], text.mask[i], text.value[i], keys.transpose(0, 1).contiguous(),
-                            values.transpose(0, 1).contiguous(), mask)
+                            values.transpose(0, 1).contiguous(), mask, tiny_model.coverage_term)
         torch.testing.assert_close(got, want[i], rtol=1e-5, atol=1e-6)

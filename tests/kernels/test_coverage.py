@@ -1,0 +1,61 @@
+"""coverage: the blocked form equals the loop definition (forward and backward), the one-caption re-rank form
+equals a row of it, and it scores an image whose salient patches the caption all explains above a denser one."""
+
+import pytest
+import torch
+
+from mmgeo.kernels import coverage as coverage_module
+from mmgeo.kernels.coverage import candidate_coverage, coverage, coverage_naive
+from tests.kernels.tolerance import assert_close_scaled
+
+
+def _inputs(bt=4, bi=3, h=2, t=6, s=7, da=5, de=4, dtype=torch.float64, seed=0, grad=False):
+    g = torch.Generator().manual_seed(seed)
+    mk = lambda *shape: torch.randn(*shape, generator=g, dtype=dtype).requires_grad_(grad)  # noqa: E731
+    q, u, k, v = mk(bt, h, t, da), mk(bt, h, t, de), mk(bi, h, s, da), mk(bi, h, s, de)
+    q_mask = torch.arange(t)[None] < torch.randint(1, t + 1, (bt, 1), generator=g)
+    k_mask = torch.arange(s)[None] < torch.randint(1, s + 1, (bi, 1), generator=g)
+    salience = torch.rand(bi, s, generator=g, dtype=dtype).requires_grad_(grad)
+    return q, q_mask, u, k, k_mask, v, salience
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-10), (torch.float32, 1e-5)])
+def test_blocked_equals_loop_definition(dtype, tol, monkeypatch):
+    args = _inputs(dtype=dtype)
+    want = coverage_naive(*args)
+    assert_close_scaled(coverage(*args), want, tol, "one block")
+    monkeypatch.setattr(coverage_module, "BLOCK_ELEMENTS", 1)  # one caption per block
+    assert_close_scaled(coverage(*args), want, tol, "a block per caption")
+
+
+def test_backward_equals_loop_definition():
+    args = _inputs(grad=True)
+    weights = torch.randn(4, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    grads = [torch.autograd.grad((f(*args) * weights).sum(), [args[i] for i in (0, 2, 3, 5, 6)])
+             for f in (coverage, coverage_naive)]
+    for name, got, want in zip(("q", "u", "k", "v", "salience"), *grads):
+        assert want.abs().max() > 0, f"no gradient reaches {name}: the comparison would check nothing"
+        assert_close_scaled(got, want, 1e-10, f"d/d{name}")
+
+
+def test_candidate_form_is_a_row_of_the_pair_form():
+    q, q_mask, u, k, k_mask, v, salience = _inputs(dtype=torch.float32)
+    want = coverage(q, q_mask, u, k, k_mask, v, salience)
+    for b in range(q.shape[0]):
+        got = candidate_coverage(q[b][:, q_mask[b]], u[b][:, q_mask[b]], k.transpose(0, 1), v.transpose(0, 1),
+                                 k_mask, salience)
+        assert_close_scaled(got, want[b], 1e-5, f"caption {b}")
+
+
+def test_an_unexplained_salient_patch_lowers_coverage():
+    """Two words, each looking at one object and agreeing with it: all of A's salient patches are explained (1.0);
+    B holds the same two objects and a third no word looks at (2/3); background patches carry no salience."""
+    eye = torch.eye(4, dtype=torch.float64) * 20  # sharp attention: token t looks at patch t
+    q = eye[None, None, :2]  # (1, 1, 2, 4): tokens look at patches 0 and 1
+    u = torch.eye(4, dtype=torch.float64)[None, None, :2]  # and agree with what is there
+    k = eye[None, None].expand(2, 1, 4, 4)  # (2, 1, 4, 4)
+    v = torch.eye(4, dtype=torch.float64)[None, None].expand(2, 1, 4, 4)
+    salience = torch.tensor([[1.0, 1.0, 0.0, 0.0], [1.0, 1.0, 1.0, 0.0]], dtype=torch.float64)  # B: a third object
+    got = coverage(q, torch.ones(1, 2, dtype=torch.bool), u, k, torch.ones(2, 4, dtype=torch.bool), v, salience,
+                   scale=1.0)
+    torch.testing.assert_close(got, torch.tensor([[1.0, 2 / 3]], dtype=torch.float64), atol=1e-6, rtol=0)
