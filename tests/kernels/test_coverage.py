@@ -6,17 +6,14 @@ import torch
 
 from mmgeo.kernels import coverage as coverage_module
 from mmgeo.kernels.coverage import candidate_coverage, coverage, coverage_naive
+from tests.kernels.test_pair_score import _inputs as score_inputs
 from tests.kernels.tolerance import assert_close_scaled
 
 
 def _inputs(bt=4, bi=3, h=2, t=6, s=7, da=5, de=4, dtype=torch.float64, seed=0, grad=False):
-    g = torch.Generator().manual_seed(seed)
-    mk = lambda *shape: torch.randn(*shape, generator=g, dtype=dtype).requires_grad_(grad)  # noqa: E731
-    q, u, k, v = mk(bt, h, t, da), mk(bt, h, t, de), mk(bi, h, s, da), mk(bi, h, s, de)
-    q_mask = torch.arange(t)[None] < torch.randint(1, t + 1, (bt, 1), generator=g)
-    k_mask = torch.arange(s)[None] < torch.randint(1, s + 1, (bi, 1), generator=g)
-    salience = torch.rand(bi, s, generator=g, dtype=dtype).requires_grad_(grad)
-    return q, q_mask, u, k, k_mask, v, salience
+    """pair_score's test inputs (q, q_mask, u, k, k_mask, v) and a salience (bi, s) in (0, 1)."""
+    salience = torch.rand(bi, s, generator=torch.Generator().manual_seed(seed + 1), dtype=dtype).requires_grad_(grad)
+    return (*score_inputs(bt, bi, h, t, s, da, de, dtype, seed, grad), salience)
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-10), (torch.float32, 1e-5)])
