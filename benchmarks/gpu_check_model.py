@@ -129,10 +129,12 @@ def section_training(sec, dev, dry: bool) -> None:
 
 
 class ScoreOnly:
-    """What scoring and the gallery read of a model (its config, geometric flag), scored by GeoRetriever.score."""
+    """What scoring and the gallery read of a model (its config, geometric flag; no coverage term), scored by
+    GeoRetriever.score."""
 
     def __init__(self, cfg):
         self.cfg, self.geometric = cfg, True
+        self.salience = self.coverage_term = None  # the score is s alone (docs/design.md §2)
 
     def score(self, text, image, mode="geometric"):
         from mmgeo.models.geo_retriever import GeoRetriever
