@@ -90,16 +90,15 @@ def with_coverage(model, salience, weight: float):
     return out.eval()
 
 
-def fit_into(path: Path, dataset, cfg: CoverageConfig, log=print) -> dict:
-    """Fit the coverage of the model at ``path`` on ``dataset`` (its first ``cfg.images`` items) and write the model
-    with it back to ``path`` (train.py: the run's own model.pt) -> the fit's record."""
+def fit_into(model, dataset, cfg: CoverageConfig, out: Path, log=print) -> dict:
+    """Fit ``model``'s coverage on ``dataset`` (its first ``cfg.images`` items) and write the model with it to
+    ``out`` (train.py: the run's own model.pt) -> the fit's record."""
     from mmgeo.eval.retrieval import encode_split
-    from mmgeo.models.checkpoint import load_model, save_model
+    from mmgeo.models.checkpoint import save_model
 
-    model = load_model(path)
     split = encode_split(model, [dataset[i] for i in range(min(cfg.images, len(dataset)))])
     salience, record = fit_salience(model, split.texts, split.images, split.text_to_image, cfg, log)
-    save_model(with_coverage(model, salience, cfg.weight), path)
+    save_model(with_coverage(model, salience, cfg.weight), out)
     return record
 
 
@@ -118,8 +117,7 @@ def main(argv=None) -> int:
         print(f"error: {args.out} exists; fit_coverage never overwrites a file: choose another --out", file=sys.stderr)
         return 2
     from mmgeo.data import build_dataset
-    from mmgeo.eval.retrieval import encode_split
-    from mmgeo.models.checkpoint import load_model, save_model
+    from mmgeo.models.checkpoint import load_model
 
     try:
         model = load_model(args.ckpt)
@@ -136,9 +134,7 @@ def main(argv=None) -> int:
         return 2
     dataset = build_dataset(args.data, args.split, image_size=model.cfg.image_size, size=cfg.images,
                             root=args.data_root)
-    split = encode_split(model, dataset)
-    salience, record = fit_salience(model, split.texts, split.images, split.text_to_image, cfg)
-    save_model(with_coverage(model, salience, cfg.weight), args.out)
+    record = fit_into(model, dataset, cfg, args.out)
     print(json.dumps({"ckpt": str(args.ckpt), "out": str(args.out), **dataclasses.asdict(cfg), **record}))
     return 0
 

@@ -30,7 +30,7 @@ from mmgeo.data.caption_groups import dataset_neighbours
 from mmgeo.data.pairs import CaptionPairs, Collate, open_split
 from mmgeo.data.sampler import ResumableBatchSampler, SampleLog
 from mmgeo.data.shard_stream import ShardLoader, ShardPairs, ShardSource
-from mmgeo.models.checkpoint import load_weights, save_model
+from mmgeo.models.checkpoint import load_model, load_weights, save_model
 from mmgeo.training.callbacks import AttentionDiagnostics, ShardProgress, SkippedReport, ValidationRecall
 from mmgeo.training.config import TrainConfig, load_train_config
 from mmgeo.training.io import AtomicCheckpointIO, RunCSVLogger, checkpoint_step, latest_checkpoint
@@ -233,7 +233,7 @@ def fit(cfg: TrainConfig, resume: str | None = None, callbacks: list | None = No
             from mmgeo.training.fit_coverage import fit_into
 
             start = time.time()
-            record = fit_into(out, train, cfg.coverage, log=lambda line: print(f"coverage fit {line}"))
+            record = fit_into(load_model(out), train, cfg.coverage, out, log=lambda line: print(f"coverage fit {line}"))
             print(f"coverage fitted on {record['fitted_on']} of {record['captions']} captions in "
                   f"{time.time() - start:.0f} s (own image first among its candidates: "
                   f"{record['own_first_before']:.3f} -> {record['own_first_after_at_fit_weight']:.3f}); "
