@@ -28,22 +28,19 @@ from mmgeo.training.config import CoverageConfig
 
 
 @torch.inference_mode()
-def candidate_terms(model, texts, images, k: int, owners: torch.Tensor):
-    """Per caption: its top-``k`` images by ``s`` (Q, k), their s (Q, k), their m_j (Q, k, S) and the index of
-    its own image among them (Q,), for the captions whose own image is a candidate."""
+def candidate_terms(texts, images, k: int):
+    """Per caption: its top-``k`` images by ``s`` (Q, k), their s (Q, k) and their m_j (Q, k, S)."""
     from mmgeo.kernels import pair_score
     from mmgeo.kernels.coverage import candidate_explained
 
     s = torch.cat([pair_score(texts.attn[i:i + 256], texts.mask[i:i + 256], texts.value[i:i + 256], images.attn,
                               images.mask, images.value).float() for i in range(0, len(texts), 256)])  # (Q, N)
     top = s.topk(min(k, s.shape[1]), dim=1)
-    hit = top.indices == owners[:, None]  # (Q, k)
-    rows = hit.any(1).nonzero()[:, 0]
     keys, values = images.attn.transpose(0, 1), images.value.transpose(0, 1)  # (H, N, S, d)
     explained = torch.stack([candidate_explained(texts.attn[r][:, texts.mask[r]], texts.value[r][:, texts.mask[r]],
                                                  keys[:, top.indices[r]], values[:, top.indices[r]],
-                                                 images.mask[top.indices[r]]) for r in rows.tolist()])
-    return top.indices[rows], top.values[rows], explained, hit[rows].float().argmax(1)
+                                                 images.mask[top.indices[r]]) for r in range(len(texts))])
+    return top.indices, top.values, explained
 
 
 def fit_salience(model, texts, images, owners: torch.Tensor, cfg: CoverageConfig, log=print):
@@ -53,7 +50,10 @@ def fit_salience(model, texts, images, owners: torch.Tensor, cfg: CoverageConfig
     from mmgeo.layers import PatchSalience
 
     # clones: tensors made under inference mode cannot enter autograd
-    cand, s, explained, target = (x.clone() for x in candidate_terms(model, texts, images, cfg.candidates, owners))
+    cand, s, explained = (x.clone() for x in candidate_terms(texts, images, cfg.candidates))
+    hit = cand == owners[:, None]  # (Q, k)
+    rows = hit.any(1)  # captions whose own image is a candidate
+    cand, s, explained, target = cand[rows], s[rows], explained[rows], hit[rows].float().argmax(1)
     if not len(cand):
         raise ValueError("no caption has its own image among its candidates: nothing to fit")
     salience = PatchSalience(model.cfg.num_heads, model.cfg.d_a)
