@@ -20,14 +20,11 @@ import json
 import math
 from pathlib import Path
 
-import numpy as np
-import torch
-
 TYPED = ("a big purple circle in the top right", "a small red square on the left",
          "a big green triangle in the middle", "a small blue diamond at the bottom")  # tests/serve/test_typed_queries
 
 
-def phrase_queries(captions: list[list[str]], rng: np.random.Generator) -> tuple[list[str], list[set[int]]]:
+def phrase_queries(captions: list[list[str]], rng) -> tuple[list[str], list[set[int]]]:
     """One object phrase of each caption that names two or more, and the images (indices of ``captions``, one list
     per image) whose captions hold that phrase."""
     from mmgeo.data.caption_parts import object_phrases
@@ -53,6 +50,8 @@ def phrase_queries(captions: list[list[str]], rng: np.random.Generator) -> tuple
 
 def _terms(texts, images, positives: list[set[int]], k: int):
     """candidate_terms plus each candidate's relevance (Q, k) bool."""
+    import torch
+
     from mmgeo.training.fit_coverage import candidate_terms
 
     cand, s, explained = (x.clone() for x in candidate_terms(texts, images, k))
@@ -60,13 +59,16 @@ def _terms(texts, images, positives: list[set[int]], k: int):
     return cand, s, explained, relevant
 
 
-def _nll(logits: torch.Tensor, relevant: torch.Tensor) -> torch.Tensor:
+def _nll(logits, relevant):
     """Multi-positive cross-entropy: -log of the softmax mass on the relevant candidates, mean over queries."""
     return (logits.logsumexp(1) - logits.masked_fill(~relevant, float("-inf")).logsumexp(1)).mean()
 
 
 def fit_learned(model, split, captions, cfg, phrases: float, seed: int = 0):
     """Salience and β fitted on whole captions + ``phrases`` · object phrases -> (salience, β)."""
+    import numpy as np
+    import torch
+
     from mmgeo.kernels.coverage import coverage_ratio
     from mmgeo.layers import PatchSalience
 
@@ -90,9 +92,15 @@ def fit_learned(model, split, captions, cfg, phrases: float, seed: int = 0):
     return salience, float(log_beta.detach().exp())
 
 
-@torch.no_grad()
 def first_hits(model, variants: dict, test_images: int | None) -> dict[str, dict[str, float]]:
     """Per variant (name -> (salience or None, β)): the share of right first hits per query kind on the test split."""
+    import torch
+
+    with torch.no_grad():
+        return _first_hits(model, variants, test_images)
+
+
+def _first_hits(model, variants: dict, test_images: int | None) -> dict[str, dict[str, float]]:
     from mmgeo.data.shapes import ShapesWorld
     from mmgeo.data.shapes_queries import relevant_images
     from mmgeo.eval.partial import make_query_sets
@@ -129,6 +137,8 @@ def main(argv=None) -> int:
     parser.add_argument("--test-images", type=int, default=None, help="the test split's first N images (all)")
     parser.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
     args = parser.parse_args(argv)
+
+    import torch
 
     from mmgeo.data.shapes import ShapesWorld
     from mmgeo.eval.retrieval import encode_split
