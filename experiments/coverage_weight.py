@@ -48,13 +48,13 @@ def phrase_queries(captions: list[list[str]], rng) -> tuple[list[str], list[set[
     return texts, positives
 
 
-def _terms(texts, images, positives: list[set[int]], k: int):
-    """candidate_terms plus each candidate's relevance (Q, k) bool."""
+def _terms(texts, images, positives: list[set[int]], k: int, terms=None):
+    """candidate_terms (``terms`` when already computed) plus each candidate's relevance (Q, k) bool."""
     import torch
 
     from mmgeo.training.fit_coverage import candidate_terms
 
-    cand, s, explained = (x.clone() for x in candidate_terms(texts, images, k))
+    cand, s, explained = (x.clone() for x in (terms if terms is not None else candidate_terms(texts, images, k)))
     relevant = torch.tensor([[j in p for j in row] for row, p in zip(cand.tolist(), positives)])
     return cand, s, explained, relevant
 
@@ -64,15 +64,17 @@ def _nll(logits, relevant):
     return (logits.logsumexp(1) - logits.masked_fill(~relevant, float("-inf")).logsumexp(1)).mean()
 
 
-def fit_learned(model, split, captions, cfg, phrases: float, seed: int = 0):
-    """Salience and β fitted on whole captions + ``phrases`` · object phrases -> (salience, β)."""
+def fit_learned(model, split, captions, cfg, phrases: float, seed: int = 0, caption_terms=None):
+    """Salience and β fitted on whole captions + ``phrases`` · object phrases -> (salience, β). ``caption_terms``:
+    the whole captions' ``candidate_terms`` when already computed."""
     import numpy as np
     import torch
 
     from mmgeo.kernels.coverage import coverage_ratio
     from mmgeo.layers import PatchSalience
 
-    full = _terms(split.texts, split.images, [{o} for o in split.text_to_image.tolist()], cfg.candidates)
+    full = _terms(split.texts, split.images, [{o} for o in split.text_to_image.tolist()], cfg.candidates,
+                  caption_terms)
     texts, positives = phrase_queries(captions, np.random.default_rng(seed))
     with torch.inference_mode():
         phrase_texts = model.encode_text(texts)
@@ -144,7 +146,7 @@ def main(argv=None) -> int:
     from mmgeo.eval.retrieval import encode_split
     from mmgeo.models.checkpoint import load_model
     from mmgeo.training.config import CoverageConfig
-    from mmgeo.training.fit_coverage import fit_salience
+    from mmgeo.training.fit_coverage import candidate_terms, fit_salience
 
     cfg = CoverageConfig(weight=args.weight, fit_weight=args.weight, images=args.images, steps=args.steps)
     rows = []
@@ -155,8 +157,11 @@ def main(argv=None) -> int:
         items = [world[i] for i in range(len(world))]
         with torch.inference_mode():
             split = encode_split(model, items, progress=False)
-        set_salience, _ = fit_salience(model, split.texts, split.images, split.text_to_image, cfg, log=lambda _: None)
-        salience, beta = fit_learned(model, split, [caps for _, caps in items], cfg, args.phrases)
+        terms = candidate_terms(split.texts, split.images, cfg.candidates)  # both fits' whole-caption candidates
+        set_salience, _ = fit_salience(model, split.texts, split.images, split.text_to_image, cfg,
+                                       log=lambda _: None, terms=terms)
+        salience, beta = fit_learned(model, split, [caps for _, caps in items], cfg, args.phrases,
+                                     caption_terms=terms)
         variants = {"no coverage": (None, 0.0), "fit, β set": (set_salience, args.weight),
                     "fit with phrases, β learned": (salience, beta),
                     "the same salience, β set": (salience, args.weight)}

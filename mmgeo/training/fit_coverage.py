@@ -43,14 +43,16 @@ def candidate_terms(texts, images, k: int):
     return top.indices, top.values, explained
 
 
-def fit_salience(model, texts, images, owners: torch.Tensor, cfg: CoverageConfig, log=print):
+def fit_salience(model, texts, images, owners: torch.Tensor, cfg: CoverageConfig, log=print, terms=None):
     """Fit a ``PatchSalience`` to the encoded ``texts`` / ``images`` (``owners``: each caption's image) -> (the
-    salience, a record of the fit)."""
+    salience, a record of the fit). ``terms``: ``candidate_terms(texts, images, cfg.candidates)`` when already
+    computed."""
     from mmgeo.kernels.coverage import coverage_ratio
     from mmgeo.layers import PatchSalience
 
     # clones: tensors made under inference mode cannot enter autograd
-    cand, s, explained = (x.clone() for x in candidate_terms(texts, images, cfg.candidates))
+    terms = terms if terms is not None else candidate_terms(texts, images, cfg.candidates)
+    cand, s, explained = (x.clone() for x in terms)
     hit = cand == owners[:, None]  # (Q, k)
     rows = hit.any(1)  # captions whose own image is a candidate
     cand, s, explained, target = cand[rows], s[rows], explained[rows], hit[rows].float().argmax(1)
