@@ -10,8 +10,9 @@
    (``--temperatures``: ``model_args.init_temperature_global``, and ``init_temperature_geo`` for a geometric model)
    × caption negatives (``--caption-negatives``: ``data.caption_negatives``, rule-based hard negatives any model can
    use) [× ``--weight-decays`` × ``--warmup-steps`` when given] is trained ``--search-steps`` steps with
-   ``--search-seed`` from the model's base config (geo-tiny: configs/synthetic.yaml, clip-tiny:
-   configs/synthetic_clip.yaml, any other registered name: configs/synthetic.yaml with ``--model NAME``), then
+   ``--search-seed`` from the model's base config (geo-tiny: configs/synthetic_full_captions.yaml,
+   clip-tiny: configs/synthetic_clip.yaml, any other registered name: configs/synthetic_full_captions.yaml with
+   ``--model NAME``), then
    scored on the validation split (eval.py, text->image R@1, exact and served). A geometric model has two
    temperatures: ``--global-temperatures`` searches its global one on its own axis (full: 0.03 0.07; empty: tied
    to the geometric one); a global-only model has one temperature, searched over every value either axis takes.
@@ -55,8 +56,8 @@ import yaml
 from benchmarks.harness import ROOT, add_out, add_report_to, check_markers, commit, cpu_model, logger, report_to
 from experiments.compare_report import PLATEAU_MARGIN, markdown, plot, summarise
 
-BASE_CONFIGS = {"geo-tiny": "configs/synthetic.yaml", "clip-tiny": "configs/synthetic_clip.yaml"}
-DEFAULT_BASE = "configs/synthetic.yaml"
+BASE_CONFIGS = {"geo-tiny": "configs/synthetic_full_captions.yaml", "clip-tiny": "configs/synthetic_clip.yaml"}
+DEFAULT_BASE = "configs/synthetic_full_captions.yaml"
 # a geo-tiny shrunk to test size (the test suite's TINY overrides)
 TINY_MODEL_ARGS = dict(text_hidden=32, text_layers=1, text_heads=2, image_embed_dim=32, image_depth=1, image_heads=2,
                        image_size=32, patch_size=8, key_hidden=16, query_hidden=32, num_heads=2, d_a=8, d_e=8,

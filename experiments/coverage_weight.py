@@ -1,7 +1,9 @@
 """Whether coverage's β is better learned than set: the salience and β fitted together on whole captions and their
 object phrases, against the fit with β set (docs/design.md §9).
 
-    python -m experiments.coverage_weight --ckpt runs/synthetic_partial/model.pt [--phrases 1.0 --weight 0.05]
+    python -m experiments.coverage_weight --ckpt runs/nocov/model.pt [--phrases 1.0 --weight 0.05]
+
+(``runs/nocov``: configs/synthetic.yaml trained with ``--coverage.weight 0 --name nocov``.)
 
 The set fit is ``mmgeo.training.fit_coverage``'s (β ``--weight``, whole captions). The learned fit starts β there and
 learns log β with the salience, adding a second loss weighted by ``--phrases``: one object phrase

@@ -1,6 +1,6 @@
 """Where full-caption R@1's misses go: per caption template, and how many first hits the caption is true of too.
 
-    python -m experiments.full_caption_misses --ckpt runs/synthetic/model.pt runs/synthetic_partial/model.pt
+    python -m experiments.full_caption_misses --ckpt runs/synthetic_full_captions/model.pt runs/synthetic/model.pt
     python -m experiments.full_caption_misses --ckpt RUN/model.pt --split train --images 2000 --out misses.json
 
 Every caption of the first ``--images`` images of a shapes-world split is ranked exactly (geometric score) against

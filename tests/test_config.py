@@ -24,7 +24,8 @@ def test_every_yaml_loads_against_the_train_schema(path):
 def test_dotted_overrides_and_types():
     cfg = load_config(TrainConfig, "configs/synthetic.yaml",
                       ["--trainer.max_steps", "7", "--model_args.d_a=64", "--optim.lr", "3e-4"])
-    assert cfg.trainer.max_steps == 7 and cfg.model_args == {"d_a": 64} and cfg.optim.lr == 3e-4
+    assert cfg.trainer.max_steps == 7 and cfg.optim.lr == 3e-4
+    assert cfg.model_args == {"image_conv_stem": True, "d_a": 64}  # merged into the config's own model_args
     assert parse_overrides(["--a.b.c", "[1, 2]"]) == {"a": {"b": {"c": [1, 2]}}}
 
 

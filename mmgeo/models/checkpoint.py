@@ -175,12 +175,16 @@ def load_model(path: str | os.PathLike, device: str | torch.device = "cpu") -> G
 
 def load_weights(model: GeoRetriever, path: str | os.PathLike) -> GeoRetriever:
     """Copy the weights of the mmgeo checkpoint ``path`` into ``model`` (a warm start: fine-tuning one recipe
-    from another's model). The two model configs must agree on every field but ``image_pretrained``; the error
-    names the fields that differ."""
+    from another's model). The two model configs must agree on every field but ``image_pretrained``, and
+    ``coverage_weight`` where ``model`` has none: a coverage fitted after training (docs/design.md §9) is left
+    behind, since the run fits its own. The error names the fields that differ."""
     path = Path(path)
     cfg, state = _read(path, "pass a model.pt that train.py wrote to start from")
     theirs, ours = dataclasses.asdict(cfg), dataclasses.asdict(model.cfg)
-    differ = sorted(k for k in ours if k != "image_pretrained" and ours[k] != theirs.get(k))
+    free = {"image_pretrained"} | ({"coverage_weight"} if not ours["coverage_weight"] else set())
+    if "coverage_weight" in free:
+        state = {k: v for k, v in state.items() if not k.startswith("salience.")}
+    differ = sorted(k for k in ours if k not in free and ours[k] != theirs.get(k))
     if differ:
         shown = ", ".join(f"{k}: {theirs.get(k)!r} there, {ours[k]!r} here" for k in differ)
         raise ValueError(f"{path} holds a different model ({shown}); set model / model_args as it was trained")

@@ -1,7 +1,8 @@
 """Fit a trained model's coverage salience with the rest of it frozen (docs/design.md §2, §9).
 
-    python -m mmgeo.training.fit_coverage --ckpt runs/synthetic_partial/model.pt \
-        --out runs/synthetic_partial/model_coverage.pt [--data synthetic --images 2000 --weight 0.05]
+    python train.py --config configs/synthetic.yaml --coverage.weight 0 --name nocov   # a model without the fit
+    python -m mmgeo.training.fit_coverage --ckpt runs/nocov/model.pt \
+        --out runs/nocov/model_coverage.pt [--data synthetic --images 2000 --weight 0.05]
 
 Every caption of the first ``--images`` images of the training split is a query; its candidates are the
 ``--candidates`` images those captions' own model ranks first by the geometric score ``s`` (where a denser image

@@ -189,10 +189,9 @@ def fit(cfg: TrainConfig, resume: str | None = None, callbacks: list | None = No
     resume_step = None if ckpt is None else checkpoint_step(ckpt)
 
     module = RetrievalModule(cfg)
-    if cfg.coverage.weight and (d.name == "webdataset" or not module.model.geometric):
-        raise ValueError("coverage.weight: the coverage fit needs a geometric model and an indexed training split "
-                         "(not data.name: webdataset); set coverage.weight: 0 or fit afterwards with "
-                         "python -m mmgeo.training.fit_coverage --data ... ")
+    if cfg.coverage.weight and not module.model.geometric:
+        raise ValueError(f"coverage.weight: the coverage fit needs a geometric model ({cfg.model} has only the "
+                         "global score); set coverage.weight: 0")
     if t.init_from and ckpt is None:
         load_weights(module.model, t.init_from)
     train = open_split(d, "train", d.train_size, module.model.cfg.image_size)
@@ -233,12 +232,23 @@ def fit(cfg: TrainConfig, resume: str | None = None, callbacks: list | None = No
             from mmgeo.training.fit_coverage import fit_into
 
             start = time.time()
-            record = fit_into(load_model(out), train, cfg.coverage, out, log=lambda line: print(f"coverage fit {line}"))
+            record = fit_into(load_model(out), _coverage_split(d, train, cfg.coverage.images), cfg.coverage, out,
+                              log=lambda line: print(f"coverage fit {line}"))
             print(f"coverage fitted on {record['fitted_on']} of {record['captions']} captions in "
                   f"{time.time() - start:.0f} s (own image first among its candidates: "
                   f"{record['own_first_before']:.3f} -> {record['own_first_after_at_fit_weight']:.3f}); "
                   f"model with coverage_weight {cfg.coverage.weight} written to {out}")
     return out
+
+
+def _coverage_split(d, train, images: int):
+    """The training images the coverage fit reads: the train split itself, or for shards (streamed, not indexed)
+    their first ``images`` samples in order."""
+    if d.name != "webdataset":
+        return train
+    from mmgeo.data import build_dataset
+
+    return build_dataset("webdataset", "train", size=images, shards=d.shards, max_pixels=d.max_pixels)
 
 
 def parse_args(argv: list[str] | None = None, description: str | None = None) -> tuple[TrainConfig, str | None, bool]:

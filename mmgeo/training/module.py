@@ -42,7 +42,14 @@ class RetrievalModule(L.LightningModule):
         self.groups = self.model.parameter_groups()  # "qk", "value", "rest": what the aids act on
         self.nonfinite_streak, self.skipped_steps = 0, []  # non-finite steps skipped: in a row, all (global steps)
         self._loss_nonfinite, self._batch = False, None
+        self._norm_stats_before: list[torch.Tensor] = []  # BatchNorm statistics before this step's forward
         self.samples_log: SampleLog | None = None  # set by the training loop with trainer.log_samples
+
+    def _norm_stats(self) -> list[torch.Tensor]:
+        """BatchNorm's running statistics (the conv stem's). A forward pass updates them, so a skipped step puts
+        back those from before its forward: a non-finite batch would otherwise leave NaN in the saved model."""
+        return [b for m in self.model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)
+                for b in m.buffers()]
 
     def value_frozen(self, step: int) -> bool:
         """Two-stage warm-up: value projections frozen for the first ``freeze_value_fraction`` of steps."""
@@ -56,6 +63,7 @@ class RetrievalModule(L.LightningModule):
             raise RuntimeError(f"data order out of step: batch of step {int(batch['step'])} at global step "
                                f"{self.global_step}; a sample would be repeated or skipped")
         self._batch = batch
+        self._norm_stats_before = [b.detach().clone() for b in self._norm_stats()]
         text, image = self.model(batch["input_ids"], batch["attention_mask"], batch["pixels"])
         B = int(batch["num_captions"])
         negatives = text[B:] if len(text) > B else None  # rule-based caption edits (data.caption_negatives)
@@ -94,6 +102,9 @@ class RetrievalModule(L.LightningModule):
         if bad:
             for p in self.model.parameters():
                 p.grad = None
+            with torch.no_grad():
+                for b, before in zip(self._norm_stats(), self._norm_stats_before):
+                    b.copy_(before)
             self.skipped_steps.append(self.global_step)
         self.nonfinite_streak = self.nonfinite_streak + 1 if bad else 0
         self.log("train/skipped_nonfinite", float(len(self.skipped_steps)), batch_size=1)  # running total

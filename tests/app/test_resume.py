@@ -25,8 +25,8 @@ ROOT = Path(__file__).resolve().parents[2]
 STEPS, EVERY, ITEMS, ITEMS_PER_STEP = 30, 3, 64, 8  # 8 steps per epoch: checkpoints 3, 6, 9 are mid-epoch
 
 
-def _args(out: Path, name: str, *extra: str) -> list[str]:
-    args = ["--config", "configs/synthetic.yaml", "--name", name, "--out_dir", str(out),
+def _args(out: Path, name: str, *extra: str, config: str = "configs/synthetic.yaml") -> list[str]:
+    args = ["--config", config, "--name", name, "--out_dir", str(out),
             "--trainer.max_steps", str(STEPS), "--trainer.batch_size", str(ITEMS_PER_STEP),
             "--trainer.checkpoint_every_n_steps", str(EVERY), "--trainer.log_samples", "true",
             "--trainer.val_every_n_steps", "0", "--trainer.log_every_n_steps", "1", "--trainer.threads", "1",

@@ -1,10 +1,10 @@
 """What people type, through the service over a trained model's built index: a query naming one object gets an
 image holding that object first (docs/evaluation.md, "The partial-query suite", measures the same over 300).
 
-It needs a model trained for partial queries — ``python train.py --config configs/synthetic_partial.yaml``, about
-17 minutes on 2 cores, too long for the suite — named by ``MMGEO_TEST_TRAINED_CKPT``; an untrained model answers at
-chance, so without one the test is skipped with that reason. CI (``.ci/run``) trains that model after the suite and
-runs this test over it. A model of ``configs/synthetic.yaml`` (captions that name every object) fails it."""
+It needs a trained model — the default, ``python train.py --config configs/synthetic.yaml``, about 20 minutes on 2
+cores, too long for the suite — named by ``MMGEO_TEST_TRAINED_CKPT``; an untrained model answers at chance, so
+without one the test is skipped with that reason. CI (``.ci/run``) trains that model after the suite and runs this
+test over it. A model of ``configs/synthetic_full_captions.yaml`` (captions that name every object) fails it."""
 
 import os
 
@@ -19,8 +19,8 @@ QUERIES = ("a big purple circle in the top right", "a small red square on the le
 def test_typed_queries_get_an_image_holding_the_object_first(tmp_path):
     ckpt = os.environ.get("MMGEO_TEST_TRAINED_CKPT")
     if not ckpt:
-        pytest.skip("needs a trained model: set MMGEO_TEST_TRAINED_CKPT=runs/synthetic_partial/model.pt "
-                    "(python train.py --config configs/synthetic_partial.yaml)")
+        pytest.skip("needs a trained model: set MMGEO_TEST_TRAINED_CKPT=runs/synthetic/model.pt "
+                    "(python train.py --config configs/synthetic.yaml)")
     from mmgeo.data.shapes import ShapesWorld
     from mmgeo.data.shapes_queries import relevant_images
     from serve.app import create_app

@@ -40,7 +40,8 @@ def test_model_args_wrong_type_is_named(args, match):
 def test_model_args_values_take_their_field_type():
     cfg = load_train_config(SYNTHETIC, ["--model_args.d_a", "64", "--model_args.text_dropout", "0",
                                         "--model_args.qk_init_gain", "1", "--model_args.image_mean", "[0, 0.5, 1]"])
-    assert cfg.model_args == {"d_a": 64, "text_dropout": 0.0, "qk_init_gain": 1.0, "image_mean": (0.0, 0.5, 1.0)}
+    assert cfg.model_args == {"image_conv_stem": True, "d_a": 64, "text_dropout": 0.0, "qk_init_gain": 1.0,
+                              "image_mean": (0.0, 0.5, 1.0)}
     assert isinstance(cfg.model_args["text_dropout"], float) and isinstance(cfg.model_args["qk_init_gain"], float)
 
 

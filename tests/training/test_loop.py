@@ -28,7 +28,7 @@ def test_batches_are_drawn_at_the_models_image_size(size):
     assert int(batch["num_captions"]) == 4 and batch["input_ids"].shape[0] == 4 + 4 * 2  # 2 caption negatives each
 
 
-@pytest.mark.parametrize("config", ["synthetic", "synthetic_clip", "synthetic_ddp", "synthetic_partial"])
+@pytest.mark.parametrize("config", ["synthetic", "synthetic_clip", "synthetic_ddp", "synthetic_full_captions"])
 def test_synthetic_configs_keep_48_px_and_a_6x6_patch_grid(config):
     """The shapes world is drawn at geo-tiny's 48 px: 3×3 scene cells of 2×2 patches of 8 px."""
     cfg = load_train_config(ROOT / "configs" / f"{config}.yaml")
