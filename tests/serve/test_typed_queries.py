@@ -1,7 +1,7 @@
 """What people type, through the service over a trained model's built index: a query naming one object gets an
 image holding that object first (docs/evaluation.md, "The partial-query suite", measures the same over 300).
 
-It needs a trained model — the default, ``python train.py --config configs/synthetic.yaml``, about 20 minutes on 2
+It needs a trained model — the default, ``python train.py --config configs/synthetic.yaml``, about 18 minutes on 2
 cores, too long for the suite — named by ``MMGEO_TEST_TRAINED_CKPT``; an untrained model answers at chance, so
 without one the test is skipped with that reason. CI (``.ci/run``) trains that model after the suite and runs this
 test over it. A model of ``configs/synthetic_full_captions.yaml`` (captions that name every object) fails it."""
