@@ -12,10 +12,10 @@
    use) [× ``--weight-decays`` × ``--warmup-steps`` when given] is trained ``--search-steps`` steps with
    ``--search-seed`` from the model's base config (geo-tiny: configs/synthetic_full_captions.yaml,
    clip-tiny: configs/synthetic_clip.yaml, any other registered name: configs/synthetic_full_captions.yaml with
-   ``--model NAME``), then
-   scored on the validation split (eval.py, text->image R@1, exact and served). A geometric model has two
-   temperatures: ``--global-temperatures`` searches its global one on its own axis (full: 0.03 0.07; empty: tied
-   to the geometric one); a global-only model has one temperature, searched over every value either axis takes.
+   ``--model NAME``), then scored on the validation split (eval.py, text->image R@1, exact and served). A geometric
+   model has two temperatures: ``--global-temperatures`` searches its global one on its own axis (full: 0.03 0.07;
+   empty: tied to the geometric one); a global-only model has one temperature, searched over every value either axis
+   takes.
    Served = the service's two-stage search (global top-K' then geometric re-rank, eval.py ``--mode two-stage``)
    for a geometric model, the global ranking itself for a global-only one. Best = highest served val R@1 (ties:
    exact, then lower lr). The best recipe is written as a config: configs/compare_<model>.yaml (``--budget

@@ -181,8 +181,9 @@ def load_weights(model: GeoRetriever, path: str | os.PathLike) -> GeoRetriever:
     path = Path(path)
     cfg, state = _read(path, "pass a model.pt that train.py wrote to start from")
     theirs, ours = dataclasses.asdict(cfg), dataclasses.asdict(model.cfg)
-    free = {"image_pretrained"} | ({"coverage_weight"} if not ours["coverage_weight"] else set())
-    if "coverage_weight" in free:
+    free = {"image_pretrained"}
+    if not ours["coverage_weight"]:  # their fitted coverage, if any, stays behind
+        free.add("coverage_weight")
         state = {k: v for k, v in state.items() if not k.startswith("salience.")}
     differ = sorted(k for k in ours if k not in free and ours[k] != theirs.get(k))
     if differ:
