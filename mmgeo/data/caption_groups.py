@@ -8,9 +8,10 @@ TF-IDF cosine (``caption_features``: words and word pairs inside one object phra
 ``grouped_order`` turns an epoch's permutation into groups of ``group`` near neighbours, so each batch is made of
 such groups. A sub-caption ("a big purple circle in the top right") is then often true of a neighbour too:
 ``caption_true_of`` says, from text alone, when a caption is true of an image — every object phrase of the
-caption is, as a set of words, inside one object phrase of one of the image's captions (``mmgeo.data.caption_parts``)
-— and the loss drops those pairs from the negatives. Measured on the shapes world, neither helped one-object
-queries (docs/design.md §9); both are off by default. ``superset_neighbours`` groups an image instead with images
+caption is, as a set of words, inside one object phrase of one of the image's captions
+(``mmgeo.data.caption_parts``), naming the same place when it names one — and the loss drops those pairs from the
+negatives. Measured on the shapes world, neither helped one-object queries (docs/design.md §9); both are off by
+default (the edit terms use ``caption_true_of`` too). ``superset_neighbours`` groups an image instead with images
 its whole caption is true of (they hold its objects and more): the pairs a whole caption must rank its own image
 first in, which random batches almost never hold.
 
@@ -27,9 +28,14 @@ from collections import Counter
 import numpy as np
 import torch
 
+from mmgeo.data.caption_edits import RELATIONS
 from mmgeo.data.caption_parts import caption_words, object_phrases
 
 _DETERMINERS = {"a", "an", "the"}
+# words that say where: a phrase naming a place is true only of a phrase naming the same one ("in the middle" is
+# not "in the bottom middle", though its words are a subset); prepositions are left out ("in", "of").
+PLACE_WORDS = frozenset(w for k in RELATIONS for w in k.split() if w not in ("in", "of", "on", "to")) | {
+    "middle", "center", "centre"}
 _DENSE_LIMIT = 1 << 25  # N × V entries up to which the TF-IDF matrix is held dense (128 MB of float32)
 
 
@@ -38,10 +44,17 @@ def phrase_words(caption: str) -> list[frozenset[str]]:
     return [frozenset(w.lower() for w in p.split() if w.lower() not in _DETERMINERS) for p in object_phrases(caption)]
 
 
+def _inside(p: frozenset[str], q: frozenset[str]) -> bool:
+    """Phrase ``p`` says part of what ``q`` says: its words are among ``q``'s, and its place words (``PLACE_WORDS``),
+    if any, are all of ``q``'s — fewer place words name another place, not less of the same one."""
+    place = p & PLACE_WORDS
+    return p <= q and (not place or place == q & PLACE_WORDS)
+
+
 def caption_true_of(caption: list[frozenset[str]], image: list[frozenset[str]]) -> bool:
     """True when every phrase of ``caption`` (``phrase_words``) lies inside one phrase of ``image`` (the
-    ``phrase_words`` of all the image's captions)."""
-    return bool(caption) and all(any(p <= q for q in image) for p in caption)
+    ``phrase_words`` of all the image's captions; ``_inside``)."""
+    return bool(caption) and all(any(_inside(p, q) for q in image) for p in caption)
 
 
 def true_of(captions: list[list[frozenset[str]]], images: list[list[frozenset[str]]]) -> torch.Tensor:
@@ -132,6 +145,8 @@ def superset_neighbours(captions: list[list[str]], k: int, progress=None) -> np.
             held = lists[0] if lists else np.arange(len(owned))
             for other in lists[1:]:
                 held = np.intersect1d(held, other, assume_unique=True)
+            if p & PLACE_WORDS:  # the same place, not a narrower one (``_inside``)
+                held = held[[_inside(p, owned[row][1]) for row in held]]
             cache[p] = np.unique(owner[held])
         return cache[p]
 

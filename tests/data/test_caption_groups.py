@@ -32,6 +32,15 @@ def _image(*captions):
     ("A dog runs", ["A black dog runs through the grass.", "A dog in the grass."], True),
     ("a brown dog", ["A black dog runs through the grass."], False),
     ("A man in a blue shirt", ["A man in a blue shirt and a woman in a red dress are walking."], True),
+    # a place is true only of the same place: fewer place words name another cell, not less of the same one
+    ("a big green triangle in the middle", ["a big green triangle in the bottom middle"], False),
+    ("a big green triangle in the middle", ["a big green triangle in the top middle and a red circle"], False),
+    ("a big green triangle in the middle", ["a big green triangle in the middle and a red circle"], True),
+    ("a big green triangle", ["a big green triangle in the bottom middle"], True),  # no place named: any place
+    ("a green triangle in the middle", ["a big green triangle in the middle"], True),  # an attribute left out
+    ("a dog on the left", ["A brown dog on the left of the bench."], True),
+    ("a dog in front of a car", ["A dog in front of a red car."], True),
+    ("a dog in front of a car", ["A dog in front of the left car."], False),
 ])
 def test_a_caption_is_true_of_an_image_when_each_phrase_lies_in_one_of_its_phrases(caption, captions, true):
     assert caption_true_of(phrase_words(caption), _image(*captions)) is true
