@@ -33,8 +33,8 @@ from mmgeo.data.caption_parts import caption_words, object_phrases
 
 _DETERMINERS = {"a", "an", "the"}
 # words that say where: a phrase naming a place is true only of a phrase naming the same one ("in the middle" is
-# not "in the bottom middle", though its words are a subset); prepositions are left out ("in", "of").
-PLACE_WORDS = frozenset(w for k in RELATIONS for w in k.split() if w not in ("in", "of", "on", "to")) | {
+# not "in the bottom middle", though its words are a subset); the prepositions of the relation phrases are left out.
+PLACE_WORDS = frozenset(w for k in RELATIONS for w in k.split() if w not in ("in", "of", "on")) | {
     "middle", "center", "centre"}
 _DENSE_LIMIT = 1 << 25  # N × V entries up to which the TF-IDF matrix is held dense (128 MB of float32)
 
