@@ -58,24 +58,71 @@ def existing(db, want: dict) -> dict | None:
         else None
 
 
-def pooled_for(folder: Path, count: int, cache: Path) -> np.ndarray:
-    """The global vectors of the database's ``count`` rows: the folder's, then random unit ones (seed 1)."""
+def pooled_cache(workdir: Path, fman: dict, count: int) -> Path:
+    """Where the database's ``count`` global vectors are kept (named by the folder's model and count)."""
+    return workdir / f"pooled-{fman['model']['sha256'][:12]}-{fman['count']}-{count}.npy"
+
+
+def scene_vectors(ckpt: str, start: int, stop: int, batch: int = 512) -> np.ndarray:
+    """(stop - start, d_g) global vectors of synthetic train scenes ``start``..``stop`` by the model ``ckpt``, drawn
+    in a worker process while the model encodes (a progress bar on stderr)."""
+    import numpy as np
+    import torch
+    from torch.utils.data import DataLoader
+    from tqdm.auto import tqdm
+
+    import mmgeo
+
+    model = mmgeo.load_model(ckpt).eval()
+    scenes = Scenes(model.cfg.image_size, start, stop)
+    out = []
+    with torch.inference_mode(), tqdm(total=stop - start, desc="encode scenes", unit="img") as bar:
+        for images in DataLoader(scenes, batch_size=batch, num_workers=1, collate_fn=list):
+            out.append(model.encode_image(images).pooled.float().numpy())
+            bar.update(len(images))
+    return np.concatenate(out)
+
+
+class Scenes:
+    """Synthetic train scenes ``start``..``stop`` as a map-style dataset of PIL images (scene i is the same image
+    whatever the split's size)."""
+
+    def __init__(self, image_size: int, start: int, stop: int):
+        from mmgeo.data import ShapesWorld
+
+        self.world, self.start, self.stop = ShapesWorld("train", 0, image_size=image_size, size=stop), start, stop
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    def __getitem__(self, i: int):
+        return self.world[self.start + i][0]
+
+
+def pooled_for(folder: Path, count: int, cache: Path, scenes: bool = False) -> np.ndarray:
+    """The global vectors of the database's ``count`` rows: the folder's, then, past them, random unit ones (seed 1)
+    or (``scenes``: a folder of a trained model's scenes) that model's vectors of the next scenes."""
     import numpy as np
     if cache.is_file():
         return np.load(cache, mmap_mode="r")
+    fman = json.loads((folder / "manifest.json").read_text())
     base = folder_vectors(folder)
     extra = max(0, count - len(base))
-    rng = np.random.default_rng(1)
     parts = [base[:count]]
-    for a in range(0, extra, 100_000):
-        x = rng.standard_normal((min(100_000, extra - a), base.shape[1]), dtype=np.float32)
-        parts.append(x / np.linalg.norm(x, axis=1, keepdims=True))
+    if extra and scenes:
+        parts.append(scene_vectors(fman["model"]["path"], len(base), count))
+    else:
+        rng = np.random.default_rng(1)
+        for a in range(0, extra, 100_000):
+            x = rng.standard_normal((min(100_000, extra - a), base.shape[1]), dtype=np.float32)
+            parts.append(x / np.linalg.norm(x, axis=1, keepdims=True))
     pooled = np.ascontiguousarray(np.concatenate(parts), dtype=np.float32)
     np.save(cache, pooled)
     return pooled
 
 
-def prepare_db(spec: str, folder: Path, count: int, m: int, efc: int, workdir: Path, log=print) -> dict:
+def prepare_db(spec: str, folder: Path, count: int, m: int, efc: int, workdir: Path, log=print,
+               scenes: bool = False) -> dict:
     """Load (or reuse) the database gallery of ``count`` rows at ``spec`` from the folder gallery ``folder``;
     -> its ``bench`` record (insert rates, HNSW build seconds, disk bytes)."""
     import numpy as np
@@ -87,7 +134,7 @@ def prepare_db(spec: str, folder: Path, count: int, m: int, efc: int, workdir: P
     if "shards" in fman:
         raise SystemExit("--db loads an unsharded folder gallery: use --count of at most 100,000")
     want = bench_record(fman, count, m, efc)
-    cache = workdir / f"pooled-{fman['count']}-{count}.npy"
+    cache = pooled_cache(workdir, fman, count)
     with Database(spec, pool_size=2, pool_timeout=60, connect_timeout=10) as db:
         if (rec := existing(db, want)) is not None:
             log(f"reusing the database gallery in {db.display}: {count:,} rows, HNSW m={m} ef_construction={efc}")
@@ -104,14 +151,15 @@ def prepare_db(spec: str, folder: Path, count: int, m: int, efc: int, workdir: P
         create_gallery(db, manifest, books, replace=True)
         with db.connection() as conn:
             conn.execute("DROP INDEX mmgeo_images_embedding_hnsw")
-        pooled = pooled_for(folder, count, cache)
+        pooled = pooled_for(folder, count, cache, scenes)
         codes = {r: np.load(folder / f"{r}.codes.npy", mmap_mode="r") for r in ("keys", "values")}
         n_src = len(codes["keys"])
 
         def rows(a: int, b: int) -> Rows:
             src = [i % n_src for i in range(a, b)]
             return Rows([hashlib.sha256(b"mmgeo-bench\0%d" % i).digest() for i in range(a, b)],
-                        [{"path": f"random/{i}.png", "width": 0, "height": 0} for i in range(a, b)],
+                        [{"path": f"{'scenes' if scenes else 'random'}/{i}.png", "width": 0, "height": 0}
+                             for i in range(a, b)],
                         np.asarray(pooled[a:b]), *([codes[r][j].tobytes() for j in src] for r in ("keys", "values")),
                         [None] * (b - a), [None] * (b - a), [None] * (b - a))
 

@@ -76,6 +76,36 @@ def prepare(workdir: Path, count: int, index_type: str, codec: str = "fp16", kee
     return index
 
 
+def prepare_trained(workdir: Path, count: int, index_type: str, codec: str, ckpt: Path) -> Path:
+    """A gallery of the first ``count`` synthetic train scenes encoded by the trained checkpoint ``ckpt`` through the
+    product's own build (``build_gallery``: images saved inside it, codebooks trained on its keys / values), reused
+    while its model's SHA-256 and count match. Its global vectors have the neighbourhoods a real gallery has, which
+    random unit vectors lack (HNSW's worst case: ``docs/serve.md``, load testing)."""
+    import mmgeo
+    from mmgeo.data import ShapesWorld
+    from mmgeo.io import file_sha256
+    from mmgeo.search.build import build_gallery
+
+    if not ckpt.is_file():
+        raise SystemExit(f"--gallery-ckpt {ckpt}: no such checkpoint; give a model.pt that train.py wrote")
+    sha = file_sha256(ckpt)
+    index = workdir / f"index-{count}-{index_type}-{codec}-trained-{sha[:12]}"
+    man = index / "manifest.json"
+    if man.is_file() and json.loads(man.read_text())["model"]["sha256"] == sha \
+            and json.loads(man.read_text())["count"] == count:
+        return index
+    workdir.mkdir(parents=True, exist_ok=True)
+    model = mmgeo.load_model(ckpt)
+    ds = ShapesWorld("train", 0, image_size=model.cfg.image_size, size=count)
+    print(f"building a {count:,}-image gallery of synthetic train scenes encoded by {ckpt} ({index_type}, {codec} "
+          f"store) in {index} ...", flush=True)
+    t = time.perf_counter()
+    build_gallery(model, ((None, lambda i=i: ds[i][0]) for i in range(count)), count, index, ckpt=ckpt,
+                  index_type=index_type, batch_size=256, codec=codec, shard_size=None)
+    print(f"  built in {time.perf_counter() - t:.0f} s", flush=True)
+    return index
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -317,9 +347,10 @@ def recall_report(args, index: Path, db_count: int, workdir: Path) -> dict:
     if args.recall_ef:
         import mmgeo
 
-        model = mmgeo.load_model(workdir / "geo-tiny.pt")
+        fman = json.loads((index / "manifest.json").read_text())
+        model = mmgeo.load_model(fman["model"]["path"])  # the gallery's own model encodes the queries
         q = model.encode_text(queries()).pooled.float().numpy()
-        pooled = np.load(workdir / f"pooled-{args.count}-{db_count}.npy", mmap_mode="r")
+        pooled = np.load(load_db.pooled_cache(workdir, fman, db_count), mmap_mode="r")
         out["gallery"] = load_db.first_stage_recall(args.db, pooled, q, 100, args.recall_ef)
         print("first-stage recall@100 against exact (load-test rows): " + ", ".join(
             f"ef_search {ef}: {r:.3f}" for ef, r in out["gallery"].items()), flush=True)
@@ -368,6 +399,9 @@ def main(argv=None) -> int:
                    "vectors of --recall-images synthetic train images (own table, same m / ef_construction)")
     p.add_argument("--recall-images", type=int, default=29_000)
     p.add_argument("--db-only", action="store_true", help="with --db: serve only the database gallery")
+    p.add_argument("--gallery-ckpt", type=Path, default=None, metavar="CKPT",
+                   help="rows of a trained model instead of random vectors: the first --count (and --db-count) "
+                        "synthetic train scenes encoded by CKPT, which the server also encodes the queries with")
     add_json(p, "the rows")
     args = p.parse_args(argv)
     if args.rounds < 1:
@@ -376,15 +410,19 @@ def main(argv=None) -> int:
         p.error("--db needs a coded re-rank store: add --codec rq8 (the database's default)")
     if args.db_only and not args.db:
         p.error("--db-only goes with --db")
+    if args.gallery_ckpt and args.keep_patches:
+        p.error("--keep-patches goes with random rows only; drop it or --gallery-ckpt")
     workdir = Path(args.workdir)
-    index = prepare(workdir, args.count, args.index_type, args.codec, args.keep_patches)
+    index = prepare_trained(workdir, args.count, args.index_type, args.codec, args.gallery_ckpt) \
+        if args.gallery_ckpt else prepare(workdir, args.count, args.index_type, args.codec, args.keep_patches)
     galleries = [] if args.db_only else [("folder", index)]
     db_rec = None
     if args.db:
         from benchmarks import load_db
 
         db_count = args.db_count or args.count
-        db_rec = load_db.prepare_db(args.db, index, db_count, args.hnsw_m, args.hnsw_ef_construction, workdir)
+        db_rec = load_db.prepare_db(args.db, index, db_count, args.hnsw_m, args.hnsw_ef_construction, workdir,
+                                    scenes=args.gallery_ckpt is not None)
         galleries.append(("db", ["--db", args.db, *(["--ef-search", str(args.db_ef_search)]
                                                    if args.db_ef_search else [])]))
         db_rec["recall"] = recall_report(args, index, db_count, workdir)

@@ -93,6 +93,9 @@ def parse(argv=None) -> argparse.Namespace:
                    "change the gallery (with --db-keys: write keys only; without keys, anyone who reaches it)")
     r.add_argument("--ef-search", type=int, default=None, help="with --db: HNSW's candidate list (default 2 x "
                    "--k-prime, within 40..1000)")
+    r.add_argument("--db-parallel", type=int, default=None, metavar="N", help="with --db: split each "
+                   "micro-batch's first stage over N connections searched at once (default 2: the database walks "
+                   "the HNSW graph on as many cores)")
     add_run_options(r, gallery)
     r.add_argument("--ckpt", default=None, help="checkpoint (default: the one recorded in the index)")
     r.add_argument("--host", default="127.0.0.1", help="address to listen on; a network one needs keys or --no-auth")
@@ -291,7 +294,8 @@ def _app(settings: dict):
     app = create_app(settings["index"], ckpt=settings["ckpt"], limits=Limits(k_prime=settings["k_prime"], **given),
                      db=settings.get("db"), ef_search=settings.get("ef_search"), db_read=settings.get("db_read"),
                      collections=settings.get("collections"), keys=app_keys(settings),
-                     auth=settings.get("auth", "none"))
+                     auth=settings.get("auth", "none"), **({"db_parallel": settings["db_parallel"]}
+                                                            if settings.get("db_parallel") else {}))
     # what torch, transformers, FastAPI and the model allocated is left out of every later collection, whose full
     # passes over it stalled all requests in flight (docs/serve.md, "Tail latency")
     gc.collect()
@@ -303,8 +307,11 @@ def run_settings(args) -> dict:
     """What ``_app`` needs of ``run``'s arguments (JSON-able: passed to worker processes in ``SETTINGS_ENV``)."""
     if args.db_read and not args.db:
         raise ValueError("--db-read URL goes with --db URL (reads through one, writes through the other)")
-    return {**{k: getattr(args, k) for k in ("index", "db", "db_read", "ef_search", "allow_writes", "ckpt", "k_prime",
-                                             "batch_wait_ms", "batch_workers", "batch_size", "torch_threads")},
+    if args.db_parallel is not None:
+        positive("--db-parallel", args.db_parallel)
+    return {**{k: getattr(args, k) for k in ("index", "db", "db_read", "ef_search", "db_parallel", "allow_writes",
+                                             "ckpt", "k_prime", "batch_wait_ms", "batch_workers", "batch_size",
+                                             "torch_threads")},
             **auth_settings(args)}
 
 

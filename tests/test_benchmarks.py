@@ -83,6 +83,43 @@ def test_load_search_serves_the_folder_and_the_database_side_by_side(tmp_path):
     assert "[db] top100, 1 clients" in res.stdout and "first-stage recall@100" in res.stdout
 
 
+@pytest.mark.slow
+def test_load_search_builds_its_rows_from_a_trained_models_scenes(tmp_path):
+    """--gallery-ckpt: the folder holds the model's encoding of the first --count synthetic train scenes, the
+    database's rows past them are the same model's vectors of the next scenes (not random ones), the server encodes
+    the queries with that model, and the recall is over its vectors."""
+    pytest.importorskip("pgserver", reason="--db local:DIR starts PostgreSQL from the pgserver wheel (.[db])")
+    import numpy as np
+    import torch
+
+    import mmgeo
+    from mmgeo.data import ShapesWorld
+    from mmgeo.io import file_sha256
+
+    torch.manual_seed(3)
+    ckpt, work, out = tmp_path / "model.pt", tmp_path / "work", tmp_path / "rows.json"
+    mmgeo.save_model(mmgeo.create_model("geo-tiny").eval(), ckpt)
+    args = [sys.executable, "-m", "benchmarks.load_search", "--count", "300", "--codec", "sq8", "--clients", "1",
+            "--rerank", "on", "--seconds", "2", "--max-requests", "4", "--workdir", str(work),
+            "--db", f"local:{tmp_path / 'pg'}", "--db-count", "340", "--db-only", "--gallery-ckpt", str(ckpt),
+            "--recall-ef", "200", "--json", str(out)]
+    res = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    got = json.loads(out.read_text())
+    assert [(r["gallery"], r["images"], r["errors"]) for r in got["rows"]] == [("db", 340, 0)]
+    assert got["db"]["count"] == 340 and got["db"]["recall"]["gallery"]["200"] == 1.0
+    (folder,) = work.glob("index-300-*-trained-*")
+    man = json.loads((folder / "manifest.json").read_text())
+    assert man["count"] == 300 and man["model"]["sha256"] == file_sha256(ckpt)
+    (pooled,) = work.glob("pooled-*-300-340.npy")
+    model = mmgeo.load_model(ckpt)
+    world = ShapesWorld("train", 0, image_size=model.cfg.image_size)
+    rows = [0, 299, 300, 339]  # the folder's first and last, the database's first and last past it
+    with torch.no_grad():
+        want = model.encode_image([world[i][0] for i in rows]).pooled.float().numpy()
+    np.testing.assert_allclose(np.load(pooled)[rows], want, atol=1e-4)
+
+
 def test_load_search_reads_leading_assignments_as_the_servers_environment():
     from benchmarks.load_search import split_server_args
 

@@ -14,6 +14,7 @@ The names of both modules are re-exported here, so ``from mmgeo.search.database 
 
 from __future__ import annotations
 
+import contextvars
 import hashlib
 from collections.abc import Sequence
 from pathlib import Path
@@ -162,13 +163,17 @@ class DbGallery(RerankStore):
     only), and ``first_stage`` for ``two_stage.search_texts``. Its codebooks are checked on load (size and SHA-256
     against the manifest's records and the stored hash) as an index directory's are. ``ef_search``: HNSW's
     candidate list (default ``EF_FACTOR`` · the number of rows asked for, within 40..``EF_SEARCH_MAX``). ``read``:
-    another database (URL) to read through, e.g. a streaming standby's; writes (``db_rows``) go to ``db``."""
+    another database (URL) to read through, e.g. a streaming standby's; writes (``db_rows``) go to ``db``.
+    ``parallel``: connections a batch's first stage is split over, searched at once (the database walks the HNSW
+    graph for each part on its own core)."""
 
     def __init__(self, db: Database | str, ef_search: int | None = None, read: Database | str | None = None,
-                 **db_kwargs):
+                 parallel: int = 1, **db_kwargs):
+        if parallel < 1:
+            raise ValueError(f"parallel={parallel}: give 1 or more connections per batch")
         self.db, self._own = as_database(db, **db_kwargs)
         self.reader, self._own_reader = self.db, False
-        self.ef_search = ef_search
+        self.ef_search, self.parallel, self._threads = ef_search, parallel, None
         self.root = self.db.display  # where it is, for messages and evaluation records
         try:
             if read is not None:
@@ -227,6 +232,8 @@ class DbGallery(RerankStore):
             return int(conn.execute("SELECT image_count FROM mmgeo_gallery WHERE id = 1").fetchone()[0])
 
     def close(self) -> None:
+        if getattr(self, "_threads", None) is not None:
+            self._threads.shutdown(wait=True)
         if self._own:
             self.db.close()
         if self._own_reader:
@@ -254,17 +261,18 @@ class DbGallery(RerankStore):
             return scores, ids, (CandidateRows(self, 0, np.zeros(0, np.int64), [], [], [], []) if codes else None)
         if q.shape[1] != self.model_record["d_global"]:
             raise ValueError(f"query vectors are {q.shape[1]}-d; the gallery's are {self.model_record['d_global']}-d")
-        sql = FIRST_STAGE.format(codes=CODE_COLUMNS if codes else "")
-        params = [[vector_text(v) for v in q], [int(w) for w in want]]
-        with self.reader.connection() as conn:
-            if self.fan_out:
-                rows = fan_out_rows(conn, q, want, self.ef_for(W), codes, self.citus)
-            else:
-                with conn.pipeline(), conn.transaction():  # one round trip: BEGIN, SET LOCAL, the query, COMMIT
-                    conn.execute("SELECT set_config('hnsw.ef_search', %s, true)", [str(self.ef_for(W))])
-                    cur = conn.cursor(binary=True)
-                    cur.execute(sql, params)
-                rows = cur.fetchall()
+        ef, parts = self.ef_for(W), np.array_split(np.arange(B), min(B, self.parallel))
+        if len(parts) == 1:
+            rows = self._rows(q, want, ef, codes)
+        else:  # each part on its own connection at once: the database walks its HNSW graph on as many cores
+            if self._threads is None:
+                from concurrent.futures import ThreadPoolExecutor
+
+                self._threads = ThreadPoolExecutor(max_workers=2 * (self.parallel - 1), thread_name_prefix="mmgeo-db")
+            later = [self._threads.submit(contextvars.copy_context().run, self._rows, q[p], [want[i] for i in p],
+                                          ef, codes) for p in parts[1:]]  # in this collection (db_connect.COLLECTION)
+            first = self._rows(q[parts[0]], [want[i] for i in parts[0]], ef, codes)
+            rows = first + [(r[0] + int(p[0]), *r[1:]) for p, f in zip(parts[1:], later) for r in f.result()]
         if rows:
             n = np.fromiter((r[0] - 1 for r in rows), np.int64, len(rows))
             s = np.fromiter((r[2] for r in rows), np.float64, len(rows))
@@ -281,6 +289,18 @@ class DbGallery(RerankStore):
             return scores, ids, None
         cols = list(zip(*rows)) if rows else [[]] * 7
         return scores, ids, CandidateRows(self, B * W, pos, *(list(c) for c in cols[3:7]))
+
+    def _rows(self, q: np.ndarray, want: Sequence[int], ef: int, codes: bool) -> list[tuple]:
+        """``FIRST_STAGE``'s rows for captions ``q`` (numbered from 1) in one round trip on one connection."""
+        with self.reader.connection() as conn:
+            if self.fan_out:
+                return fan_out_rows(conn, q, want, ef, codes, self.citus)
+            with conn.pipeline(), conn.transaction():  # one round trip: BEGIN, SET LOCAL, the query, COMMIT
+                conn.execute("SELECT set_config('hnsw.ef_search', %s, true)", [str(ef)])
+                cur = conn.cursor(binary=True)
+                cur.execute(FIRST_STAGE.format(codes=CODE_COLUMNS if codes else ""),
+                            [[vector_text(v) for v in q], [int(w) for w in want]])
+            return cur.fetchall()
 
     def rows(self, ids: Sequence[int]) -> tuple[CandidateRows, np.ndarray]:
         """The stored rows of ``ids`` (row r = ids[r]) and whether each exists."""

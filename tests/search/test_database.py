@@ -159,6 +159,26 @@ def test_same_top_k_and_scores_as_the_index_directory(model, split, pg_url, tmp_
         np.testing.assert_allclose(gs, ws, rtol=0, atol=1e-5)
 
 
+def test_a_first_stage_split_over_connections_answers_as_one(model, split, pg_url):
+    """``parallel``: a batch's captions searched in parts, each on its own connection at once, give the scores, ids
+    and candidate rows of the one query (ragged ``want`` included), and a batch smaller than the parts works."""
+    build_db_from_embedding(model, split.images, pg_url, codec="rq8")
+    q = split.texts.pooled[:7].float().numpy()  # (7, d_g)
+    want = [5, 40, 1, 17, 40, 3, 9]
+    with DbGallery(pg_url) as one, DbGallery(pg_url, parallel=3) as three:
+        s1, i1, r1 = one.first_stage(q, want)
+        s3, i3, r3 = three.first_stage(q, want)
+        np.testing.assert_array_equal(i3, i1)
+        np.testing.assert_array_equal(s3, s1)
+        for role in ("keys", "values"):
+            np.testing.assert_array_equal(r3.codes[role], r1.codes[role])
+        assert r1.codes["keys"].any()  # real rows, not only the padding
+        _, i_small, _ = three.first_stage(q[:2], want[:2], codes=False)
+        np.testing.assert_array_equal(i_small, i1[:2, :40])
+    with pytest.raises(ValueError, match="parallel=0"):
+        DbGallery(pg_url, parallel=0)
+
+
 def test_evaluation_gives_the_same_recall_over_both_galleries(model, split, pg_url, tmp_path):
     from mmgeo.eval.metrics import retrieval_metrics
     from mmgeo.eval.two_stage import evaluate_split

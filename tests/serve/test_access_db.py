@@ -172,6 +172,25 @@ def test_searches_and_ids_stay_in_their_collection(two, client):
     assert sql(two["admin"], "SELECT count(*) FROM mmgeo_images WHERE id = 3") == [(1,)]
 
 
+def test_a_split_first_stage_stays_in_its_collection(two):
+    """A micro-batch's first stage split over connections (``parallel``) searches every part in the batch's
+    collection, whose rows alone the service's role sees."""
+    import numpy as np
+
+    from mmgeo.search.database import DbGallery
+    from mmgeo.search.db_connect import COLLECTION
+
+    b_ids = {r[0] for r in sql(two["admin"], "SELECT id FROM mmgeo_images WHERE collection = 'b'")}
+    token = COLLECTION.set("b")
+    try:
+        with DbGallery(two["service"], parallel=3) as g:
+            q = np.random.default_rng(0).standard_normal((5, g.model_record["d_global"])).astype(np.float32)
+            _, ids, _ = g.first_stage(q, [50] * 5, codes=False)
+    finally:
+        COLLECTION.reset(token)
+    assert len(b_ids) >= 8 and all(set(r[r >= 0].tolist()) == b_ids for r in ids)
+
+
 def test_upload_quota_of_a_write_key(two, client):
     w = {"Authorization": f"Bearer {two['tokens']['b_write']}"}  # one image in all
     first = client.post("/images", files=[("files", ("x.png", png_bytes((30, 30), "orange"), "image/png"))], headers=w)
