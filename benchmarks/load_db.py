@@ -202,6 +202,22 @@ def prepare_db(spec: str, folder: Path, count: int, m: int, efc: int, workdir: P
         return rec
 
 
+def ensure_ivfflat(spec: str, lists: int, log=print) -> float | None:
+    """The database's index made IVFFlat of ``lists`` lists (``serve index``'s build) unless it is one already;
+    -> the build's seconds, or None when reused."""
+    from mmgeo.search.database import DbGallery
+    from mmgeo.search.db_index import build_index
+
+    with DbGallery(spec) as g:
+        if (g.index_kind, g.lists) == ("ivfflat", lists):
+            log(f"reusing the IVFFlat index of {lists} lists")
+            return None
+        log(f"building an IVFFlat index of {lists} lists over {g.count:,} rows in place of {g.index_kind} ...")
+        seconds = build_index(g.db, "ivfflat", lists=lists, work_mem="4GB")
+    log(f"  IVFFlat index built in {seconds:.0f} s")
+    return seconds
+
+
 def fmt_rate(v: float | None) -> str:
     return "n/a" if v is None else f"{v:,.0f}"
 
@@ -220,8 +236,10 @@ def exact_top(q: np.ndarray, x: np.ndarray, k: int, chunk: int = 200_000) -> lis
     return [set(r.tolist()) for r in best_i]
 
 
-def first_stage_recall(spec: str, pooled: np.ndarray, q: np.ndarray, k: int, efs: list[int]) -> dict[int, float]:
-    """Recall@k of ``DbGallery.first_stage`` (ids = row numbers) against exact, for each ``hnsw.ef_search``."""
+def first_stage_recall(spec: str, pooled: np.ndarray, q: np.ndarray, k: int, efs: list[int],
+                       setting: str = "ef_search") -> dict[int, float]:
+    """Recall@k of ``DbGallery.first_stage`` (ids = row numbers) against exact, for each ``hnsw.ef_search`` (or
+    each ``ivfflat.probes``: ``setting="probes"``)."""
     import numpy as np
 
     from mmgeo.search.database import DbGallery
@@ -229,7 +247,7 @@ def first_stage_recall(spec: str, pooled: np.ndarray, q: np.ndarray, k: int, efs
     exact = exact_top(q, pooled, k)
     out = {}
     for ef in efs:
-        with DbGallery(spec, ef_search=ef) as g:
+        with DbGallery(spec, **{setting: ef}) as g:
             got = []
             for a in range(0, len(q), 16):
                 _, ids, _ = g.first_stage(q[a:a + 16], [k] * len(q[a:a + 16]), codes=False)

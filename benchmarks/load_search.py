@@ -351,9 +351,10 @@ def recall_report(args, index: Path, db_count: int, workdir: Path) -> dict:
         model = mmgeo.load_model(fman["model"]["path"])  # the gallery's own model encodes the queries
         q = model.encode_text(queries()).pooled.float().numpy()
         pooled = np.load(load_db.pooled_cache(workdir, fman, db_count), mmap_mode="r")
-        out["gallery"] = load_db.first_stage_recall(args.db, pooled, q, 100, args.recall_ef)
+        setting = "probes" if args.ivfflat_lists else "ef_search"
+        out["gallery"] = load_db.first_stage_recall(args.db, pooled, q, 100, args.recall_ef, setting)
         print("first-stage recall@100 against exact (load-test rows): " + ", ".join(
-            f"ef_search {ef}: {r:.3f}" for ef, r in out["gallery"].items()), flush=True)
+            f"{setting} {ef}: {r:.3f}" for ef, r in out["gallery"].items()), flush=True)
     if args.recall_ckpt:
         x, q = load_db.model_vectors(args.recall_ckpt, args.recall_images, 200,
                                      workdir / f"model-vectors-{args.recall_images}.npz")
@@ -394,7 +395,10 @@ def main(argv=None) -> int:
     p.add_argument("--db-ef-search", type=int, default=None, help="`serve run --ef-search` of the database's "
                    "server (default: the server's, 2 x K')")
     p.add_argument("--recall-ef", type=int, nargs="*", default=[], metavar="EF",
-                   help="first-stage recall@100 of the database gallery against exact, at these hnsw.ef_search")
+                   help="first-stage recall@100 of the database gallery against exact, at these hnsw.ef_search "
+                        "(with --ivfflat-lists: these ivfflat.probes)")
+    p.add_argument("--ivfflat-lists", type=int, default=None, metavar="N", help="with --db: serve the database "
+                   "through an IVFFlat index of N lists (`serve index --kind ivfflat`) in place of HNSW")
     p.add_argument("--recall-ckpt", default=None, metavar="CKPT", help="also recall over a trained model's global "
                    "vectors of --recall-images synthetic train images (own table, same m / ef_construction)")
     p.add_argument("--recall-images", type=int, default=29_000)
@@ -425,6 +429,9 @@ def main(argv=None) -> int:
                                     scenes=args.gallery_ckpt is not None)
         galleries.append(("db", ["--db", args.db, *(["--ef-search", str(args.db_ef_search)]
                                                    if args.db_ef_search else [])]))
+        if args.ivfflat_lists:
+            db_rec["ivfflat"] = {"lists": args.ivfflat_lists,
+                                 "build_s": load_db.ensure_ivfflat(args.db, args.ivfflat_lists)}
         db_rec["recall"] = recall_report(args, index, db_count, workdir)
     variants = [f"{g}{f' {v}' if v else ''}" if args.db else v for g, _ in galleries for v in args.server_args or [""]]
     plan = {label: (gallery, v) for label, (gallery, v) in

@@ -48,15 +48,18 @@ def search_batch(model, gallery: Gallery, k_prime: int,
             for (t, _, r), (ids, scores) in zip(queries, found)]
 
 
-def open_gallery(index_dir=None, db=None, ef_search: int | None = None, db_read=None, db_parallel: int = 1):
+def open_gallery(index_dir=None, db=None, ef_search: int | None = None, db_read=None, db_parallel: int = 1,
+                 db_probes: int | None = None):
     """The gallery to serve: an index directory, or a database's (``db``: a URL or ``local:DIR``; a connection pool
     with timeouts, so that a database down or slow is a 503, never a hang; ``db_read``: another URL to read
-    through, e.g. a standby's; ``db_parallel``: connections a micro-batch's first stage is split over)."""
+    through, e.g. a standby's; ``db_parallel``: connections a micro-batch's first stage is split over;
+    ``db_probes``: IVFFlat lists scanned, when the database's index is IVFFlat)."""
     if db is None:
         return Gallery(index_dir)
     from mmgeo.search.database import DbGallery
 
     return DbGallery(db, ef_search=ef_search, **({"read": db_read} if db_read else {}), parallel=db_parallel,
+                     probes=db_probes,
                      pool_size=DB_POOL_SIZE,
                      connect_timeout=DB_TIMEOUT_S, pool_timeout=DB_TIMEOUT_S, statement_timeout=DB_STATEMENT_TIMEOUT_S,
                      application_name="mmgeo-serve")
@@ -73,7 +76,8 @@ DB_ARGS = {"pool_size": DB_POOL_SIZE, "connect_timeout": DB_TIMEOUT_S, "pool_tim
 
 def create_app(index_dir=None, model=None, ckpt=None, limits: Limits | None = None, db=None,
                ef_search: int | None = None, db_read=None, collections: dict | None = None,
-               keys: KeyStore | None = None, auth: str = "none", db_parallel: int = DB_PARALLEL) -> FastAPI:
+               keys: KeyStore | None = None, auth: str = "none", db_parallel: int = DB_PARALLEL,
+               db_probes: int | None = None) -> FastAPI:
     """App over the index at ``index_dir`` or the gallery in database ``db`` (read through ``db_read`` when given),
     or over ``collections`` (name -> index directory, one gallery each: docs/serve.md, "Keys and collections"); the
     model is ``model`` or loaded from ``ckpt`` / the manifest's path. ``keys``: the API keys every request but the
@@ -84,9 +88,9 @@ def create_app(index_dir=None, model=None, ckpt=None, limits: Limits | None = No
     if collections is None and db is not None and hasattr(keys, "db"):  # keys in the database: its collections
         from serve.db_keys import open_db_collections
 
-        galleries = open_db_collections(keys, ef_search, db_read, db_parallel, **DB_ARGS)
+        galleries = open_db_collections(keys, ef_search, db_read, db_parallel, db_probes, **DB_ARGS)
     elif collections is None:
-        galleries = {DEFAULT_COLLECTION: open_gallery(index_dir, db, ef_search, db_read, db_parallel)}
+        galleries = {DEFAULT_COLLECTION: open_gallery(index_dir, db, ef_search, db_read, db_parallel, db_probes)}
     else:
         galleries = {check_collection(name): open_gallery(path) for name, path in collections.items()}
     first = next(iter(galleries.values()))

@@ -80,6 +80,15 @@ def parse(argv=None) -> argparse.Namespace:
     d = sub.add_parser("remove", help="remove images from a database gallery by id (one transaction)")
     d.add_argument("--db", required=True, metavar="URL", help=DB_HELP)
     d.add_argument("--ids", required=True, nargs="+", metavar="ID", help="image ids (non-negative integers)")
+    x = sub.add_parser("index", help="rebuild a database's index over global vectors (HNSW or IVFFlat) over the "
+                       "rows it holds, in place of the current one; searches go on meanwhile, writes wait")
+    x.add_argument("--db", required=True, metavar="URL", help=DB_HELP)
+    x.add_argument("--kind", required=True, choices=["hnsw", "ivfflat"], help="hnsw: the default a gallery is built "
+                   "with; ivfflat: higher recall for captions at a million images and more (docs/serve.md)")
+    x.add_argument("--lists", type=int, default=None, help="ivfflat: k-means lists (about rows / 250 measured well)")
+    x.add_argument("--m", type=int, default=16, help="hnsw: links per node (pgvector's default 16)")
+    x.add_argument("--ef-construction", type=int, default=64, help="hnsw: candidate list of the build (default 64)")
+    x.add_argument("--work-mem", default="2GB", help="maintenance_work_mem of the build (default 2GB)")
     for c in (b, a, d):
         add_collection_option(c)
     r = sub.add_parser("run", help="serve an index over HTTP")
@@ -96,6 +105,8 @@ def parse(argv=None) -> argparse.Namespace:
     r.add_argument("--db-parallel", type=int, default=None, metavar="N", help="with --db: split each "
                    "micro-batch's first stage over N connections searched at once (default 2: the database walks "
                    "the HNSW graph on as many cores)")
+    r.add_argument("--probes", type=int, default=None, metavar="P", help="with --db over an IVFFlat index (`serve "
+                   "index --kind ivfflat`): lists scanned per caption (default: the square root of its lists)")
     add_run_options(r, gallery)
     r.add_argument("--ckpt", default=None, help="checkpoint (default: the one recorded in the index)")
     r.add_argument("--host", default="127.0.0.1", help="address to listen on; a network one needs keys or --no-auth")
@@ -231,6 +242,22 @@ def remove(args) -> int:
     return 0
 
 
+def index(args) -> int:
+    """``index --db URL --kind hnsw|ivfflat``: build that index over the stored rows and swap it in."""
+    from mmgeo.search.database import DbGallery
+    from mmgeo.search.db_index import build_index, check_params, default_probes
+
+    check_params(args.kind, args.lists, args.m, args.ef_construction)
+    with DbGallery(args.db) as gallery:  # a gallery must be there (and of a schema this mmgeo reads)
+        count, was = gallery.count, gallery.index_kind
+        seconds = build_index(gallery.db, args.kind, args.lists, args.m, args.ef_construction, args.work_mem)
+    how = f"{args.lists} lists; `serve run` scans {default_probes(args.lists)} by default (--probes)" \
+        if args.kind == "ivfflat" else f"m {args.m}, ef_construction {args.ef_construction}"
+    print(f"built the {args.kind} index over {count:,} images in {seconds:.0f} s ({how}), in place of {was}; "
+          "restart the services that read this database")
+    return 0
+
+
 def build(args) -> int:
     import mmgeo
     from mmgeo.search.build import build_gallery, check_out
@@ -294,8 +321,8 @@ def _app(settings: dict):
     app = create_app(settings["index"], ckpt=settings["ckpt"], limits=Limits(k_prime=settings["k_prime"], **given),
                      db=settings.get("db"), ef_search=settings.get("ef_search"), db_read=settings.get("db_read"),
                      collections=settings.get("collections"), keys=app_keys(settings),
-                     auth=settings.get("auth", "none"), **({"db_parallel": settings["db_parallel"]}
-                                                            if settings.get("db_parallel") else {}))
+                     auth=settings.get("auth", "none"), db_probes=settings.get("db_probes"),
+                     **({"db_parallel": settings["db_parallel"]} if settings.get("db_parallel") else {}))
     # what torch, transformers, FastAPI and the model allocated is left out of every later collection, whose full
     # passes over it stalled all requests in flight (docs/serve.md, "Tail latency")
     gc.collect()
@@ -307,12 +334,12 @@ def run_settings(args) -> dict:
     """What ``_app`` needs of ``run``'s arguments (JSON-able: passed to worker processes in ``SETTINGS_ENV``)."""
     if args.db_read and not args.db:
         raise ValueError("--db-read URL goes with --db URL (reads through one, writes through the other)")
-    if args.db_parallel is not None:
-        positive("--db-parallel", args.db_parallel)
-    return {**{k: getattr(args, k) for k in ("index", "db", "db_read", "ef_search", "db_parallel", "allow_writes",
-                                             "ckpt", "k_prime", "batch_wait_ms", "batch_workers", "batch_size",
-                                             "torch_threads")},
-            **auth_settings(args)}
+    for name in ("db_parallel", "probes"):
+        if getattr(args, name) is not None:
+            positive(f"--{name.replace('_', '-')}", getattr(args, name))
+    keep = ("index", "db", "db_read", "ef_search", "db_parallel", "allow_writes", "ckpt", "k_prime", "batch_wait_ms",
+            "batch_workers", "batch_size", "torch_threads")
+    return {"db_probes": args.probes, **{k: getattr(args, k) for k in keep}, **auth_settings(args)}
 
 
 def app_from_env():
@@ -349,7 +376,8 @@ def run(args) -> int:
 def command(argv: list[str]) -> int:
     args = parse(argv)
     enter_collection(args)
-    return {"build": build, "add": add, "remove": remove, "run": run, "keys": keys_command}[args.command](args)
+    return {"build": build, "add": add, "remove": remove, "index": index, "run": run,
+            "keys": keys_command}[args.command](args)
 
 
 def main(argv=None) -> int:

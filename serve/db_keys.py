@@ -86,7 +86,7 @@ def check_service_role(db: Database) -> None:
 
 
 def open_db_collections(keys: DbKeys, ef_search: int | None = None, db_read: str | None = None,
-                        parallel: int = 1, **db_kwargs) -> dict:
+                        parallel: int = 1, probes: int | None = None, **db_kwargs) -> dict:
     """collection -> ``DbGallery`` for every collection a key of ``keys`` names and the database holds a gallery
     of, all over the keys' connection pool (``db_read``: a pool of its own to read through); ValueError when none.
     Each is loaded in its collection (``COLLECTION``)."""
@@ -102,7 +102,7 @@ def open_db_collections(keys: DbKeys, ef_search: int | None = None, db_read: str
     for name in sorted({r.collection for r in keys.list() if r.revoked is None}):
         token = COLLECTION.set(name)
         try:
-            galleries[name] = DbGallery(keys.db, ef_search=ef_search, parallel=parallel,
+            galleries[name] = DbGallery(keys.db, ef_search=ef_search, parallel=parallel, probes=probes,
                                         **({"read": reader} if reader else {}))
         except GalleryError:
             missing.append(name)

@@ -42,6 +42,7 @@ from mmgeo.search.db_connect import (  # noqa: F401  (re-exported)
     schema_version,
     start_local,
 )
+from mmgeo.search.db_index import current_index, default_probes
 from mmgeo.search.db_rows import (  # noqa: F401  (re-exported)
     BUILD,
     COPY,
@@ -138,7 +139,8 @@ def distributed(conn) -> bool:
     return bool(conn.execute(DISTRIBUTED).fetchone()[0])
 
 
-def fan_out_rows(conn, q: np.ndarray, want: Sequence[int], ef: int, codes: bool, citus: bool) -> list[tuple]:
+def fan_out_rows(conn, q: np.ndarray, want: Sequence[int], ef: int, codes: bool, citus: bool,
+                 probes: int | None = None) -> list[tuple]:
     """The first stage as one ``ORDER BY ... LIMIT`` per caption, all in one pipeline (one round trip) -> rows as
     ``FIRST_STAGE`` returns them (caption number from 1 first). On Citus, ``SET LOCAL`` reaches the shards."""
     from psycopg import sql
@@ -147,6 +149,8 @@ def fan_out_rows(conn, q: np.ndarray, want: Sequence[int], ef: int, codes: bool,
         if citus:
             conn.execute("SET LOCAL citus.propagate_set_commands TO 'local'")
         conn.execute(sql.SQL("SET LOCAL hnsw.ef_search = {}").format(sql.Literal(int(ef))))
+        if probes:
+            conn.execute(sql.SQL("SET LOCAL ivfflat.probes = {}").format(sql.Literal(int(probes))))
         curs = []
         for v, w in zip(q, want):
             text = vector_text(v)
@@ -164,16 +168,20 @@ class DbGallery(RerankStore):
     against the manifest's records and the stored hash) as an index directory's are. ``ef_search``: HNSW's
     candidate list (default ``EF_FACTOR`` · the number of rows asked for, within 40..``EF_SEARCH_MAX``). ``read``:
     another database (URL) to read through, e.g. a streaming standby's; writes (``db_rows``) go to ``db``.
-    ``parallel``: connections a batch's first stage is split over, searched at once (the database walks the HNSW
-    graph for each part on its own core)."""
+    ``parallel``: connections a batch's first stage is split over, searched at once (the database walks the index
+    for each part on its own core). ``probes``: ``ivfflat.probes`` when the table's index is IVFFlat (default
+    √lists, ``db_index``); the index is found on load (``index_kind``, ``lists``), so restart a reader after
+    ``python -m serve index`` changes it."""
 
     def __init__(self, db: Database | str, ef_search: int | None = None, read: Database | str | None = None,
-                 parallel: int = 1, **db_kwargs):
+                 parallel: int = 1, probes: int | None = None, **db_kwargs):
         if parallel < 1:
             raise ValueError(f"parallel={parallel}: give 1 or more connections per batch")
+        if probes is not None and probes < 1:
+            raise ValueError(f"probes={probes}: give 1 or more IVFFlat lists to scan")
         self.db, self._own = as_database(db, **db_kwargs)
         self.reader, self._own_reader = self.db, False
-        self.ef_search, self.parallel, self._threads = ef_search, parallel, None
+        self.ef_search, self.parallel, self.probes, self._threads = ef_search, parallel, probes, None
         self.root = self.db.display  # where it is, for messages and evaluation records
         try:
             if read is not None:
@@ -197,7 +205,10 @@ class DbGallery(RerankStore):
             books = {(r, int(h)): (bytes(d), s) for r, h, d, s in
                      conn.execute("SELECT role, head, data, sha256 FROM mmgeo_codebooks").fetchall()}
             self.citus = self.fan_out = distributed(conn)
-        self.manifest = m = got[0]
+            self.index_kind, self.lists = current_index(conn)
+        self.manifest = m = {**got[0], "index_type": f"pgvector-{self.index_kind}"}  # the index there now
+        if self.index_kind == "ivfflat" and self.probes is None:
+            self.probes = default_probes(self.lists)
         if m.get("format") != FORMAT or m.get("version") != VERSION:
             raise GalleryError(f"database {self.db.display} holds gallery format {m.get('format')!r} "
                                f"v{m.get('version')}; this mmgeo reads {FORMAT!r} v{VERSION}")
@@ -293,10 +304,13 @@ class DbGallery(RerankStore):
     def _rows(self, q: np.ndarray, want: Sequence[int], ef: int, codes: bool) -> list[tuple]:
         """``FIRST_STAGE``'s rows for captions ``q`` (numbered from 1) in one round trip on one connection."""
         with self.reader.connection() as conn:
+            probes = self.probes if self.index_kind == "ivfflat" else None
             if self.fan_out:
-                return fan_out_rows(conn, q, want, ef, codes, self.citus)
+                return fan_out_rows(conn, q, want, ef, codes, self.citus, probes)
             with conn.pipeline(), conn.transaction():  # one round trip: BEGIN, SET LOCAL, the query, COMMIT
                 conn.execute("SELECT set_config('hnsw.ef_search', %s, true)", [str(ef)])
+                if probes:
+                    conn.execute("SELECT set_config('ivfflat.probes', %s, true)", [str(probes)])
                 cur = conn.cursor(binary=True)
                 cur.execute(FIRST_STAGE.format(codes=CODE_COLUMNS if codes else ""),
                             [[vector_text(v) for v in q], [int(w) for w in want]])

@@ -128,7 +128,8 @@ def create_gallery(db: Database, manifest: dict, codebooks: dict[tuple[str, int]
             else:  # this collection's rows only (row-level security; TRUNCATE would ignore it)
                 for table in ("mmgeo_images", "mmgeo_codebooks", "mmgeo_gallery"):
                     conn.execute(f"DELETE FROM {table} WHERE collection = mmgeo_collection()")  # noqa: S608
-        conn.execute("DROP INDEX IF EXISTS mmgeo_images_embedding_hnsw")
+        # a new gallery starts on HNSW (an IVFFlat index's lists are of the rows it was built over)
+        conn.execute("DROP INDEX IF EXISTS mmgeo_images_embedding_hnsw, mmgeo_images_embedding_ivfflat")
         conn.execute(sql.SQL("ALTER TABLE mmgeo_images ALTER COLUMN embedding TYPE vector({})").format(
             sql.Literal(d)))
         conn.execute(sql.SQL("CREATE INDEX mmgeo_images_embedding_hnsw ON mmgeo_images USING hnsw "

@@ -1,0 +1,82 @@
+"""The database gallery's index over global vectors (the first stage): pgvector's HNSW, built with the gallery, or
+IVFFlat, built over the rows stored and swapped in by ``python -m serve index`` (docs/serve.md, "Past a million
+images: IVFFlat").
+
+Why two: a caption lies away from every image (the modality gap), and a one-object caption's images are scattered
+over an HNSW graph walked from image to image; at a million rows its recall@100 levels off under 0.98 whatever the
+graph's size, where IVFFlat, which scans the lists nearest the caption itself, reaches 0.99
+(docs/measurements/serving.md, "Database gallery of a trained model's scenes"). Limits: IVFFlat's lists are the
+k-means centroids of the rows it was built over; rows added later join their nearest list, so rebuild it when the
+gallery has grown or changed much. The index is the table's, so it serves every collection of the database.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+from mmgeo.search.db_connect import Database
+
+INDEXES = {"hnsw": "mmgeo_images_embedding_hnsw", "ivfflat": "mmgeo_images_embedding_ivfflat"}
+NEW = "mmgeo_images_embedding_new"  # the index being built, renamed once the old one is dropped
+WORK_MEM = "2GB"  # maintenance_work_mem of a build (IVFFlat's k-means over 1M x 128-d with 4,000 lists: 3.2 GB)
+FOUND = """SELECT c.relname, c.reloptions FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+    WHERE i.indrelid = 'mmgeo_images'::regclass AND c.relname = ANY(%s)"""
+
+
+def default_probes(lists: int) -> int:
+    """``ivfflat.probes`` when none is given: √lists, pgvector's suggested start (4,000 lists: 64; at 1M rows 60 probes
+    measured recall@100 0.994, 40 probes 0.991 at a lower p99)."""
+    return max(1, math.ceil(math.sqrt(lists)))
+
+
+def current_index(conn) -> tuple[str, int | None]:
+    """("hnsw" | "ivfflat" | "none", IVFFlat's lists or None) of ``mmgeo_images``' index over global vectors; when
+    a swap is under way (both there), the IVFFlat one."""
+    found = {name: opts or [] for name, opts in conn.execute(FOUND, [list(INDEXES.values())]).fetchall()}
+    if INDEXES["ivfflat"] in found:
+        opts = dict(o.split("=", 1) for o in found[INDEXES["ivfflat"]])
+        return "ivfflat", int(opts.get("lists", 100))  # pgvector's default lists
+    return ("hnsw", None) if INDEXES["hnsw"] in found else ("none", None)
+
+
+def check_params(kind: str, lists: int | None, m: int, ef_construction: int) -> None:
+    if kind not in INDEXES:
+        raise ValueError(f"index kind must be one of {sorted(INDEXES)}, got {kind!r}")
+    if kind == "ivfflat" and (lists is None or not 1 <= lists <= 32_768):
+        raise ValueError(f"IVFFlat needs --lists in 1..32768 (pgvector's range), got {lists}; about rows / 250 "
+                         "measured well at 1M rows (docs/serve.md)")
+    if kind == "hnsw":
+        for name, v in (("m", m), ("ef_construction", ef_construction)):
+            if not 2 <= v <= 1000:
+                raise ValueError(f"HNSW {name} must be in 2..1000, got {v}")
+
+
+def build_index(db: Database, kind: str, lists: int | None = None, m: int = 16, ef_construction: int = 64,
+                work_mem: str = WORK_MEM) -> float:
+    """Build ``kind``'s index over the rows stored and put it in place of the current one, in one transaction:
+    searches go on over the old index while the new one is built (a build blocks writes), the swap at the end is
+    brief, and an interrupted build leaves the old index as it was. -> seconds the build took."""
+    from psycopg import errors, sql
+
+    check_params(kind, lists, m, ef_construction)
+    if kind == "ivfflat":
+        create = sql.SQL("CREATE INDEX {} ON mmgeo_images USING ivfflat (embedding vector_ip_ops) WITH (lists = {})"
+                         ).format(sql.Identifier(NEW), sql.Literal(int(lists)))
+    else:
+        create = sql.SQL("CREATE INDEX {} ON mmgeo_images USING hnsw (embedding vector_ip_ops) WITH (m = {}, "
+                         "ef_construction = {})").format(sql.Identifier(NEW), sql.Literal(int(m)),
+                                                          sql.Literal(int(ef_construction)))
+    with db.connection() as conn, conn.transaction():
+        conn.execute("SELECT set_config('maintenance_work_mem', %s, true)", [work_mem])
+        t = time.perf_counter()
+        try:
+            conn.execute(create)
+        except errors.ProgramLimitExceeded as err:  # IVFFlat's k-means or HNSW's graph does not fit
+            raise ValueError(f"{str(err).strip()}: give the build more with --work-mem (e.g. 4GB)") from err
+        seconds = time.perf_counter() - t
+        for name in INDEXES.values():
+            conn.execute(sql.SQL("DROP INDEX IF EXISTS {}").format(sql.Identifier(name)))
+        conn.execute(sql.SQL("ALTER INDEX {} RENAME TO {}").format(sql.Identifier(NEW),
+                                                                   sql.Identifier(INDEXES[kind])))
+    return seconds

@@ -1,0 +1,94 @@
+"""The database gallery's index over global vectors (mmgeo.search.db_index): IVFFlat built over the stored rows in
+place of HNSW and back, found by a reader on load, searched with its probes (all lists: the exact top k); a new
+gallery starts on HNSW again; ``serve index`` and its errors."""
+
+import numpy as np
+import pytest
+import torch
+
+import mmgeo
+from tests.conftest import TINY
+
+pytest.importorskip("psycopg", reason="the database tests need psycopg 3 (pip install -e '.[db]')")
+from mmgeo.search.database import DbGallery, vector_text  # noqa: E402
+from mmgeo.search.db_build import build_db_from_embedding  # noqa: E402
+from mmgeo.search.db_index import FOUND, INDEXES, build_index, default_probes  # noqa: E402
+
+N_IMAGES = 80
+
+
+@pytest.fixture(scope="module")
+def encoded():
+    """A tiny model and the first N_IMAGES synthetic test images and their captions, encoded."""
+    from mmgeo.data import ShapesWorld
+    from mmgeo.eval.retrieval import encode_split
+
+    torch.manual_seed(0)
+    model = mmgeo.create_model("geo-tiny", **TINY).eval()
+    ds = ShapesWorld("test", 0, image_size=model.cfg.image_size)
+    with torch.inference_mode():
+        split = encode_split(model, torch.utils.data.Subset(ds, range(N_IMAGES)), batch_size=64, progress=False)
+    return model, split
+
+
+def indexes(db) -> set[str]:
+    with db.connection() as conn:
+        return {r[0] for r in conn.execute(FOUND, [list(INDEXES.values())]).fetchall()}
+
+
+def test_ivfflat_in_place_of_hnsw_and_back(encoded, pg_url):
+    model, split = encoded
+    build_db_from_embedding(model, split.images, pg_url, codec="fp16")
+    q = split.texts.pooled[:12].float().numpy()  # (12, d_g)
+    x = split.images.pooled.float().numpy()  # (N, d_g)
+    exact = np.argsort(-(q @ x.T), axis=1, kind="stable")[:, :10]
+    with DbGallery(pg_url) as g:
+        assert (g.index_kind, g.manifest["index_type"], g.probes) == ("hnsw", "pgvector-hnsw", None)
+        assert build_index(g.db, "ivfflat", lists=4) >= 0
+        assert indexes(g.db) == {INDEXES["ivfflat"]}
+    with DbGallery(pg_url) as g:  # found on load; all four lists scanned: the exact top 10
+        assert (g.index_kind, g.lists, g.probes) == ("ivfflat", 4, default_probes(4)) and default_probes(4) == 2
+        assert g.manifest["index_type"] == "pgvector-ivfflat"
+        with g.db.connection() as conn, conn.transaction():
+            conn.execute("SET LOCAL enable_seqscan = off")
+            plan = "\n".join(r[0] for r in conn.execute(
+                "EXPLAIN SELECT id FROM mmgeo_images ORDER BY embedding <#> %s::vector LIMIT 10", [vector_text(q[0])]))
+        assert INDEXES["ivfflat"] in plan
+    with DbGallery(pg_url, probes=4, parallel=2) as g:
+        _, ids, _ = g.first_stage(q, [10] * len(q), codes=False)
+        np.testing.assert_array_equal(ids, exact)
+    with DbGallery(pg_url, probes=1) as g:  # one list of four: fewer rows come back for some caption
+        _, ids, _ = g.first_stage(q, [10] * len(q), codes=False)
+        assert (ids < 0).any() or not np.array_equal(ids, exact)
+        build_index(g.db, "hnsw", m=8, ef_construction=32)
+        assert indexes(g.db) == {INDEXES["hnsw"]}
+        build_index(g.db, "ivfflat", lists=3)
+    build_db_from_embedding(model, split.images[:20], pg_url, codec="fp16", replace=True)  # a new gallery: HNSW
+    with DbGallery(pg_url) as g:
+        assert g.index_kind == "hnsw" and g.count == 20
+
+
+def test_bad_parameters_are_refused_before_any_work(encoded, pg_url):
+    from mmgeo.search.db_index import check_params
+
+    for kind, lists, m, efc, match in (("ivfflat", None, 16, 64, "needs --lists"), ("ivfflat", 0, 16, 64, "1..32768"),
+                                       ("hnsw", None, 1, 64, "m must be"), ("ivf", 4, 16, 64, "kind must be")):
+        with pytest.raises(ValueError, match=match):
+            check_params(kind, lists, m, efc)
+    with pytest.raises(ValueError, match="probes=0"):
+        DbGallery(pg_url, probes=0)
+
+
+def test_serve_index_command(encoded, pg_url, capsys):
+    from serve.cli import main
+
+    model, split = encoded
+    build_db_from_embedding(model, split.images, pg_url, codec="fp16", replace=True)
+    assert main(["index", "--db", pg_url, "--kind", "ivfflat", "--lists", "5"]) == 0
+    out = capsys.readouterr().out
+    assert f"ivfflat index over {N_IMAGES} images" in out and "scans 3 by default" in out and "in place of hnsw" in out
+    assert main(["index", "--db", pg_url, "--kind", "ivfflat"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: IVFFlat needs --lists") and "\n" not in err
+    assert main(["index", "--db", pg_url, "--kind", "hnsw"]) == 0
+    assert "in place of ivfflat" in capsys.readouterr().out
