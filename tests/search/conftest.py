@@ -26,6 +26,19 @@ def write_folder(folder):
     return folder
 
 
+def encode_test_images(n: int):
+    """(a tiny model, the first ``n`` synthetic test images and their captions encoded by it)."""
+    import mmgeo
+    from mmgeo.data import ShapesWorld
+    from mmgeo.eval.retrieval import encode_split
+
+    torch.manual_seed(0)
+    model = mmgeo.create_model("geo-tiny", **TINY).eval()
+    ds = ShapesWorld("test", 0, image_size=model.cfg.image_size)
+    with torch.inference_mode():
+        return model, encode_split(model, torch.utils.data.Subset(ds, range(n)), batch_size=64, progress=False)
+
+
 def make_gallery_env(tmp_path_factory) -> SimpleNamespace:
     """root, ckpt, model (loaded from ckpt), idx (first 24 synthetic test images, as `serve build --data
     synthetic --limit 24` writes it), folder_idx (``write_folder``'s images), folder."""

@@ -10,11 +10,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
-import mmgeo
 from mmgeo.search.two_stage import search_texts
-from tests.conftest import TINY
+from tests.search.conftest import encode_test_images
 
 psycopg = pytest.importorskip("psycopg", reason="the database tests need psycopg 3 (pip install -e '.[db]')")
 from mmgeo.search.database import Database, DbGallery, remove_images  # noqa: E402
@@ -28,15 +26,7 @@ N_IMAGES = 40
 @pytest.fixture(scope="module")
 def encoded():
     """A tiny model and the first N_IMAGES synthetic test images and their captions, encoded."""
-    from mmgeo.data import ShapesWorld
-    from mmgeo.eval.retrieval import encode_split
-
-    torch.manual_seed(0)
-    model = mmgeo.create_model("geo-tiny", **TINY).eval()
-    ds = ShapesWorld("test", 0, image_size=model.cfg.image_size)
-    with torch.inference_mode():
-        return model, encode_split(model, torch.utils.data.Subset(ds, range(N_IMAGES)), batch_size=64,
-                                   progress=False)
+    return encode_test_images(N_IMAGES)
 
 
 def citus_statements() -> list[str]:

@@ -4,10 +4,8 @@ gallery starts on HNSW again; ``serve index`` and its errors."""
 
 import numpy as np
 import pytest
-import torch
 
-import mmgeo
-from tests.conftest import TINY
+from tests.search.conftest import encode_test_images
 
 pytest.importorskip("psycopg", reason="the database tests need psycopg 3 (pip install -e '.[db]')")
 from mmgeo.search.database import DbGallery, vector_text  # noqa: E402
@@ -20,15 +18,7 @@ N_IMAGES = 80
 @pytest.fixture(scope="module")
 def encoded():
     """A tiny model and the first N_IMAGES synthetic test images and their captions, encoded."""
-    from mmgeo.data import ShapesWorld
-    from mmgeo.eval.retrieval import encode_split
-
-    torch.manual_seed(0)
-    model = mmgeo.create_model("geo-tiny", **TINY).eval()
-    ds = ShapesWorld("test", 0, image_size=model.cfg.image_size)
-    with torch.inference_mode():
-        split = encode_split(model, torch.utils.data.Subset(ds, range(N_IMAGES)), batch_size=64, progress=False)
-    return model, split
+    return encode_test_images(N_IMAGES)
 
 
 def indexes(db) -> set[str]:
