@@ -337,8 +337,9 @@ def summarize(rows: list[dict], variants: list[str]) -> None:
 
 
 def recall_report(args, index: Path, db_count: int, workdir: Path) -> dict:
-    """First-stage recall@100 of the database gallery at each ``--recall-ef`` (the load test's queries, encoded by
-    its model), and over a trained model's vectors with ``--recall-ckpt``; printed and returned."""
+    """First-stage recall@K' (``--recall-k``) of the database gallery at each ``--recall-ef`` (the load test's
+    queries, encoded by its model), and recall@100 over a trained model's vectors with ``--recall-ckpt``; printed and
+    returned."""
     import numpy as np
 
     from benchmarks import load_db
@@ -352,8 +353,9 @@ def recall_report(args, index: Path, db_count: int, workdir: Path) -> dict:
         q = model.encode_text(queries()).pooled.float().numpy()
         pooled = np.load(load_db.pooled_cache(workdir, fman, db_count), mmap_mode="r")
         setting = "probes" if args.ivfflat_lists else "ef_search"
-        out["gallery"] = load_db.first_stage_recall(args.db, pooled, q, 100, args.recall_ef, setting)
-        print("first-stage recall@100 against exact (load-test rows): " + ", ".join(
+        out["k"], out["setting"] = args.recall_k, setting
+        out["gallery"] = load_db.first_stage_recall(args.db, pooled, q, args.recall_k, args.recall_ef, setting)
+        print(f"first-stage recall@{args.recall_k} against exact (load-test rows): " + ", ".join(
             f"{setting} {ef}: {r:.3f}" for ef, r in out["gallery"].items()), flush=True)
     if args.recall_ckpt:
         x, q = load_db.model_vectors(args.recall_ckpt, args.recall_images, 200,
@@ -395,8 +397,11 @@ def main(argv=None) -> int:
     p.add_argument("--db-ef-search", type=int, default=None, help="`serve run --ef-search` of the database's "
                    "server (default: the server's, 2 x K')")
     p.add_argument("--recall-ef", type=int, nargs="*", default=[], metavar="EF",
-                   help="first-stage recall@100 of the database gallery against exact, at these hnsw.ef_search "
+                   help="first-stage recall@K' (--recall-k) of the database gallery against exact, at these "
+                        "hnsw.ef_search "
                         "(with --ivfflat-lists: these ivfflat.probes)")
+    p.add_argument("--recall-k", type=int, default=100, metavar="K", help="the K' of --recall-ef's recall (the "
+                   "server's --k-prime: 100 unless --server-args changes it)")
     p.add_argument("--ivfflat-lists", type=int, default=None, metavar="N", help="with --db: serve the database "
                    "through an IVFFlat index of N lists (`serve index --kind ivfflat`) in place of HNSW")
     p.add_argument("--recall-ckpt", default=None, metavar="CKPT", help="also recall over a trained model's global "
