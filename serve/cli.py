@@ -89,6 +89,8 @@ def parse(argv=None) -> argparse.Namespace:
     x.add_argument("--m", type=int, default=16, help="hnsw: links per node (pgvector's default 16)")
     x.add_argument("--ef-construction", type=int, default=64, help="hnsw: candidate list of the build (default 64)")
     x.add_argument("--work-mem", default="2GB", help="maintenance_work_mem of the build (default 2GB)")
+    x.add_argument("--collection", dest="db_collection", default=None, metavar="NAME", help="a collection whose "
+                   "gallery to check and count (the index is the table's: it serves every collection)")
     for c in (b, a, d):
         add_collection_option(c)
     r = sub.add_parser("run", help="serve an index over HTTP")

@@ -82,3 +82,25 @@ def test_serve_index_command(encoded, pg_url, capsys):
     assert err.startswith("error: IVFFlat needs --lists") and "\n" not in err
     assert main(["index", "--db", pg_url, "--kind", "hnsw"]) == 0
     assert "in place of ivfflat" in capsys.readouterr().out
+
+
+def test_serve_index_over_a_database_of_named_collections(encoded, pg_url, capsys):
+    """The index is the table's: ``serve index --collection NAME`` rebuilds it from a database whose galleries are
+    all in named collections (the collection only says which gallery to check and count)."""
+    from mmgeo.search.db_connect import COLLECTION
+    from serve.cli import main
+
+    model, split = encoded
+    token = COLLECTION.set("a")
+    try:
+        build_db_from_embedding(model, split.images, pg_url, codec="fp16")
+    finally:
+        COLLECTION.reset(token)
+    assert main(["index", "--db", pg_url, "--collection", "a", "--kind", "ivfflat", "--lists", "3"]) == 0
+    assert f"over {N_IMAGES} images" in capsys.readouterr().out
+    token = COLLECTION.set("a")
+    try:
+        with DbGallery(pg_url) as g:
+            assert (g.index_kind, g.lists) == ("ivfflat", 3)
+    finally:
+        COLLECTION.reset(token)
