@@ -99,18 +99,17 @@ class Scenes:
         return self.world[self.start + i][0]
 
 
-def pooled_for(folder: Path, count: int, cache: Path, scenes: bool = False) -> np.ndarray:
+def pooled_for(folder: Path, count: int, cache: Path, scenes_ckpt: str | None = None) -> np.ndarray:
     """The global vectors of the database's ``count`` rows: the folder's, then, past them, random unit ones (seed 1)
-    or (``scenes``: a folder of a trained model's scenes) that model's vectors of the next scenes."""
+    or (``scenes_ckpt``: the model of a folder of its scenes) that model's vectors of the next scenes."""
     import numpy as np
     if cache.is_file():
         return np.load(cache, mmap_mode="r")
-    fman = json.loads((folder / "manifest.json").read_text())
     base = folder_vectors(folder)
     extra = max(0, count - len(base))
     parts = [base[:count]]
-    if extra and scenes:
-        parts.append(scene_vectors(fman["model"]["path"], len(base), count))
+    if extra and scenes_ckpt:
+        parts.append(scene_vectors(scenes_ckpt, len(base), count))
     else:
         rng = np.random.default_rng(1)
         for a in range(0, extra, 100_000):
@@ -151,7 +150,7 @@ def prepare_db(spec: str, folder: Path, count: int, m: int, efc: int, workdir: P
         create_gallery(db, manifest, books, replace=True)
         with db.connection() as conn:
             conn.execute("DROP INDEX mmgeo_images_embedding_hnsw")
-        pooled = pooled_for(folder, count, cache, scenes)
+        pooled = pooled_for(folder, count, cache, fman["model"]["path"] if scenes else None)
         codes = {r: np.load(folder / f"{r}.codes.npy", mmap_mode="r") for r in ("keys", "values")}
         n_src = len(codes["keys"])
 

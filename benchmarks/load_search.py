@@ -91,8 +91,8 @@ def prepare_trained(workdir: Path, count: int, index_type: str, codec: str, ckpt
     sha = file_sha256(ckpt)
     index = workdir / f"index-{count}-{index_type}-{codec}-trained-{sha[:12]}"
     man = index / "manifest.json"
-    if man.is_file() and json.loads(man.read_text())["model"]["sha256"] == sha \
-            and json.loads(man.read_text())["count"] == count:
+    rec = json.loads(man.read_text()) if man.is_file() else {}
+    if (rec.get("model", {}).get("sha256"), rec.get("count")) == (sha, count):
         return index
     workdir.mkdir(parents=True, exist_ok=True)
     model = mmgeo.load_model(ckpt)

@@ -314,7 +314,7 @@ def _app(settings: dict):
     import faiss
     import torch
 
-    from serve.app import Limits, create_app
+    from serve.app import DB_PARALLEL, Limits, create_app
 
     torch.set_num_threads(settings["torch_threads"])
     faiss.omp_set_num_threads(settings["torch_threads"])
@@ -324,7 +324,7 @@ def _app(settings: dict):
                      db=settings.get("db"), ef_search=settings.get("ef_search"), db_read=settings.get("db_read"),
                      collections=settings.get("collections"), keys=app_keys(settings),
                      auth=settings.get("auth", "none"), db_probes=settings.get("db_probes"),
-                     **({"db_parallel": settings["db_parallel"]} if settings.get("db_parallel") else {}))
+                     db_parallel=settings.get("db_parallel") or DB_PARALLEL)
     # what torch, transformers, FastAPI and the model allocated is left out of every later collection, whose full
     # passes over it stalled all requests in flight (docs/serve.md, "Tail latency")
     gc.collect()

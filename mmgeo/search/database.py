@@ -182,6 +182,10 @@ class DbGallery(RerankStore):
         self.db, self._own = as_database(db, **db_kwargs)
         self.reader, self._own_reader = self.db, False
         self.ef_search, self.parallel, self.probes, self._threads = ef_search, parallel, probes, None
+        if parallel > 1:  # its threads start on the first split batch; two batch workers may split at once
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._threads = ThreadPoolExecutor(max_workers=2 * (parallel - 1), thread_name_prefix="mmgeo-db")
         self.root = self.db.display  # where it is, for messages and evaluation records
         try:
             if read is not None:
@@ -275,11 +279,7 @@ class DbGallery(RerankStore):
         ef, parts = self.ef_for(W), np.array_split(np.arange(B), min(B, self.parallel))
         if len(parts) == 1:
             rows = self._rows(q, want, ef, codes)
-        else:  # each part on its own connection at once: the database walks its HNSW graph on as many cores
-            if self._threads is None:
-                from concurrent.futures import ThreadPoolExecutor
-
-                self._threads = ThreadPoolExecutor(max_workers=2 * (self.parallel - 1), thread_name_prefix="mmgeo-db")
+        else:  # each part on its own connection at once: the database walks its index on as many cores
             later = [self._threads.submit(contextvars.copy_context().run, self._rows, q[p], [want[i] for i in p],
                                           ef, codes) for p in parts[1:]]  # in this collection (db_connect.COLLECTION)
             first = self._rows(q[parts[0]], [want[i] for i in parts[0]], ef, codes)
