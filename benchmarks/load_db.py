@@ -201,18 +201,20 @@ def prepare_db(spec: str, folder: Path, count: int, m: int, efc: int, workdir: P
         return rec
 
 
-def ensure_ivfflat(spec: str, lists: int, log=print) -> float | None:
-    """The database's index made IVFFlat of ``lists`` lists (``serve index``'s build) unless it is one already;
-    -> the build's seconds, or None when reused."""
+def ensure_ivfflat(spec: str, lists: int, half: bool = False, log=print) -> float | None:
+    """The database's index made IVFFlat of ``lists`` lists (``serve index``'s build; ``half``: over the vectors at
+    half precision) unless it is one already; -> the build's seconds, or None when reused."""
     from mmgeo.search.database import DbGallery
     from mmgeo.search.db_index import build_index
 
+    what = f"IVFFlat{'-halfvec' if half else ''} index of {lists} lists"
     with DbGallery(spec) as g:
-        if (g.index_kind, g.lists) == ("ivfflat", lists):
-            log(f"reusing the IVFFlat index of {lists} lists")
+        if (g.index_kind, g.lists, g.half) == ("ivfflat", lists, half):
+            log(f"reusing the {what}")
             return None
-        log(f"building an IVFFlat index of {lists} lists over {g.count:,} rows in place of {g.index_kind} ...")
-        seconds = build_index(g.db, "ivfflat", lists=lists, work_mem="4GB")
+        log(f"building an {what} over {g.count:,} rows in place of {g.manifest['index_type']} ...")
+        seconds = build_index(g.db, "ivfflat", lists=lists, work_mem="4GB",
+                              half_dims=g.model_record["d_global"] if half else None)
     log(f"  IVFFlat index built in {seconds:.0f} s")
     return seconds
 

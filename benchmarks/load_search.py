@@ -407,6 +407,8 @@ def main(argv=None) -> int:
     p.add_argument("--recall-ckpt", default=None, metavar="CKPT", help="also recall over a trained model's global "
                    "vectors of --recall-images synthetic train images (own table, same m / ef_construction)")
     p.add_argument("--recall-images", type=int, default=29_000)
+    p.add_argument("--half-index", action="store_true", help="with --ivfflat-lists: index the vectors at half "
+                   "precision (`serve index --half`)")
     p.add_argument("--db-only", action="store_true", help="with --db: serve only the database gallery")
     p.add_argument("--gallery-ckpt", type=Path, default=None, metavar="CKPT",
                    help="rows of a trained model instead of random vectors: the first --count (and --db-count) "
@@ -435,8 +437,8 @@ def main(argv=None) -> int:
         galleries.append(("db", ["--db", args.db, *(["--ef-search", str(args.db_ef_search)]
                                                    if args.db_ef_search else [])]))
         if args.ivfflat_lists:
-            db_rec["ivfflat"] = {"lists": args.ivfflat_lists,
-                                 "build_s": load_db.ensure_ivfflat(args.db, args.ivfflat_lists)}
+            db_rec["ivfflat"] = {"lists": args.ivfflat_lists, "half": args.half_index,
+                                 "build_s": load_db.ensure_ivfflat(args.db, args.ivfflat_lists, args.half_index)}
         db_rec["recall"] = recall_report(args, index, db_count, workdir)
     variants = [f"{g}{f' {v}' if v else ''}" if args.db else v for g, _ in galleries for v in args.server_args or [""]]
     plan = {label: (gallery, v) for label, (gallery, v) in

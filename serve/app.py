@@ -52,7 +52,7 @@ def open_gallery(index_dir=None, db=None, ef_search: int | None = None, db_read=
                  db_probes: int | None = None):
     """The gallery to serve: an index directory, or a database's (``db``: a URL or ``local:DIR``; a connection pool
     with timeouts, so that a database down or slow is a 503, never a hang; ``db_read``: another URL to read
-    through, e.g. a standby's; ``db_parallel``: connections a micro-batch's first stage is split over;
+    through, e.g. a standby's; ``db_parallel``: connections a micro-batch's captions are searched on at once;
     ``db_probes``: IVFFlat lists scanned, when the database's index is IVFFlat)."""
     if db is None:
         return Gallery(index_dir)
@@ -66,7 +66,7 @@ def open_gallery(index_dir=None, db=None, ef_search: int | None = None, db_read=
 
 
 DEFAULT_COLLECTION = "default"  # the one collection of a service over one gallery
-DB_PARALLEL = 2  # connections a micro-batch's first stage is split over (serve run --db-parallel)
+DB_PARALLEL = 2  # connections a micro-batch's captions are searched on at once (serve run --db-parallel)
 DB_POOL_SIZE = 6  # connections per server process (batch workers x DB_PARALLEL + image and health routes)
 DB_TIMEOUT_S = 5.0  # to connect, or to wait for a free connection
 DB_STATEMENT_TIMEOUT_S = 10.0  # any one statement of the service

@@ -10,6 +10,7 @@ import sys
 from mmgeo.config import CliParser, call_cli
 from mmgeo.search.codecs import CODECS, TRAIN_IMAGES
 from mmgeo.search.database import DEFAULT_CODEC, display_url
+from mmgeo.search.db_connect import COLLECTION
 from mmgeo.search.faiss_index import INDEX_TYPES
 from serve.keys_cli import (
     add_collection_option,
@@ -88,6 +89,8 @@ def parse(argv=None) -> argparse.Namespace:
     x.add_argument("--lists", type=int, default=None, help="ivfflat: k-means lists (about rows / 250 measured well)")
     x.add_argument("--m", type=int, default=16, help="hnsw: links per node (pgvector's default 16)")
     x.add_argument("--ef-construction", type=int, default=64, help="hnsw: candidate list of the build (default 64)")
+    x.add_argument("--half", action="store_true", help="index the vectors at half precision (halfvec): half the "
+                   "index to read a caption; the first stage fetches 20%% more and keeps the best by the full vectors")
     x.add_argument("--work-mem", default="2GB", help="maintenance_work_mem of the build (default 2GB)")
     x.add_argument("--collection", dest="db_collection", default=None, metavar="NAME", help="a collection whose "
                    "gallery to check and count (the index is the table's: it serves every collection)")
@@ -104,9 +107,9 @@ def parse(argv=None) -> argparse.Namespace:
                    "change the gallery (with --db-keys: write keys only; without keys, anyone who reaches it)")
     r.add_argument("--ef-search", type=int, default=None, help="with --db: HNSW's candidate list (default 2 x "
                    "--k-prime, within 40..1000)")
-    r.add_argument("--db-parallel", type=int, default=None, metavar="N", help="with --db: split each "
-                   "micro-batch's first stage over N connections searched at once (default 2: the database walks "
-                   "the HNSW graph on as many cores)")
+    r.add_argument("--db-parallel", type=int, default=None, metavar="N", help="with --db: captions of a "
+                   "micro-batch searched at once, each on its own connection, each re-ranked as its rows arrive "
+                   "(default 2: the database works on as many cores)")
     r.add_argument("--probes", type=int, default=None, metavar="P", help="with --db over an IVFFlat index (`serve "
                    "index --kind ivfflat`): lists scanned per caption (default: the square root of its lists)")
     add_run_options(r, gallery)
@@ -251,12 +254,14 @@ def index(args) -> int:
 
     check_params(args.kind, args.lists, args.m, args.ef_construction)
     with DbGallery(args.db) as gallery:  # a gallery must be there (and of a schema this mmgeo reads)
-        count, was = gallery.count, gallery.index_kind
-        seconds = build_index(gallery.db, args.kind, args.lists, args.m, args.ef_construction, args.work_mem)
+        count, was = gallery.count, gallery.manifest["index_type"].removeprefix("pgvector-")
+        half_dims = gallery.model_record["d_global"] if args.half else None
+        seconds = build_index(gallery.db, args.kind, args.lists, args.m, args.ef_construction, args.work_mem,
+                              half_dims)
     how = f"{args.lists} lists; `serve run` scans {default_probes(args.lists)} by default (--probes)" \
         if args.kind == "ivfflat" else f"m {args.m}, ef_construction {args.ef_construction}"
-    print(f"built the {args.kind} index over {count:,} images in {seconds:.0f} s ({how}), in place of {was}; "
-          "restart the services that read this database")
+    print(f"built the {args.kind}{'-halfvec' if args.half else ''} index over {count:,} images in {seconds:.0f} s "
+          f"({how}), in place of {was}; restart the services that read this database")
     return 0
 
 
@@ -377,9 +382,13 @@ def run(args) -> int:
 
 def command(argv: list[str]) -> int:
     args = parse(argv)
-    enter_collection(args)
-    return {"build": build, "add": add, "remove": remove, "index": index, "run": run,
-            "keys": keys_command}[args.command](args)
+    token = enter_collection(args)
+    try:
+        return {"build": build, "add": add, "remove": remove, "index": index, "run": run,
+                "keys": keys_command}[args.command](args)
+    finally:
+        if token is not None:
+            COLLECTION.reset(token)
 
 
 def main(argv=None) -> int:

@@ -156,12 +156,14 @@ def add_collection_option(parser) -> None:
                         "under row-level security (docs/serve.md, 'Keys and collections')")
 
 
-def enter_collection(args) -> None:
-    """Work in ``--collection``'s rows for the rest of this process (``COLLECTION``)."""
+def enter_collection(args):
+    """Work in ``--collection``'s rows (``COLLECTION``) -> the token that ``COLLECTION.reset`` takes once the
+    command is done (None without ``--collection``), so that a caller in the same thread (a test) is not left in it."""
     name = getattr(args, "db_collection", None)
-    if name is not None:
-        from mmgeo.search.db_connect import COLLECTION
+    if name is None:
+        return None
+    from mmgeo.search.db_connect import COLLECTION
 
-        if not getattr(args, "db", None):
-            raise ValueError("--collection goes with --db (a folder is one collection: serve it with --gallery)")
-        COLLECTION.set(check_collection(name))
+    if not getattr(args, "db", None):
+        raise ValueError("--collection goes with --db (a folder is one collection: serve it with --gallery)")
+    return COLLECTION.set(check_collection(name))

@@ -15,8 +15,9 @@ The names of both modules are re-exported here, so ``from mmgeo.search.database 
 from __future__ import annotations
 
 import contextvars
+import functools
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -42,7 +43,7 @@ from mmgeo.search.db_connect import (  # noqa: F401  (re-exported)
     schema_version,
     start_local,
 )
-from mmgeo.search.db_index import current_index, default_probes
+from mmgeo.search.db_index import current_index, default_probes, rows_for
 from mmgeo.search.db_rows import (  # noqa: F401  (re-exported)
     BUILD,
     COPY,
@@ -124,11 +125,22 @@ FIRST_STAGE = """SELECT q.n, c.id, c.score{codes}
     CROSS JOIN LATERAL (
         SELECT i.id, -(i.embedding <#> q.v) AS score, i.key_codes, i.value_codes, i.mask, i.patches
         FROM mmgeo_images i ORDER BY i.embedding <#> q.v LIMIT q.lim) c"""
+# over an index at half precision (db_index): rows_for(lim) rows by that order, the best lim by the full vectors
+FIRST_STAGE_HALF = """SELECT q.n, c.id, c.score{codes}
+    FROM unnest(%s::text[]::vector[], %s::integer[], %s::integer[]) WITH ORDINALITY AS q(v, lim, take, n)
+    CROSS JOIN LATERAL (SELECT h.* FROM (
+        SELECT i.id, -(i.embedding <#> q.v) AS score, i.key_codes, i.value_codes, i.mask, i.patches
+        FROM mmgeo_images i ORDER BY i.embedding::halfvec({dims}) <#> q.v::halfvec({dims}) LIMIT q.take) h
+        ORDER BY h.score DESC LIMIT q.lim) c"""
 CODE_COLUMNS = ", c.key_codes, c.value_codes, c.mask, c.patches"
 # a distributed mmgeo_images (Citus, docs/serve.md): one statement per caption, which Citus runs on every shard
 FAN_OUT = """SELECT c.id, c.score{codes} FROM (
     SELECT i.id, -(i.embedding <#> %s::vector) AS score, i.key_codes, i.value_codes, i.mask, i.patches
     FROM mmgeo_images i ORDER BY i.embedding <#> %s::vector LIMIT {limit}) c"""
+FAN_OUT_HALF = """SELECT c.id, c.score{codes} FROM (
+    SELECT i.id, -(i.embedding <#> %s::vector) AS score, i.key_codes, i.value_codes, i.mask, i.patches
+    FROM mmgeo_images i ORDER BY i.embedding::halfvec({dims}) <#> %s::halfvec({dims}) LIMIT {take}) c
+    ORDER BY c.score DESC LIMIT {limit}"""
 DISTRIBUTED = "SELECT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = 'mmgeo_images'::regclass)"
 
 
@@ -140,25 +152,37 @@ def distributed(conn) -> bool:
 
 
 def fan_out_rows(conn, q: np.ndarray, want: Sequence[int], ef: int, codes: bool, citus: bool,
-                 probes: int | None = None) -> list[tuple]:
+                 probes: int | None = None, half_dims: int | None = None) -> list[tuple]:
     """The first stage as one ``ORDER BY ... LIMIT`` per caption, all in one pipeline (one round trip) -> rows as
-    ``FIRST_STAGE`` returns them (caption number from 1 first). On Citus, ``SET LOCAL`` reaches the shards."""
-    from psycopg import sql
-
+    ``FIRST_STAGE`` returns them (caption number from 1 first). On Citus, ``SET LOCAL`` reaches the shards.
+    ``half_dims``: the index is over the vectors at half precision (``FAN_OUT_HALF``)."""
     with conn.pipeline(), conn.transaction():
         if citus:
             conn.execute("SET LOCAL citus.propagate_set_commands TO 'local'")
-        conn.execute(sql.SQL("SET LOCAL hnsw.ef_search = {}").format(sql.Literal(int(ef))))
+        conn.execute(_statement(SET_EF, int(ef)))
         if probes:
-            conn.execute(sql.SQL("SET LOCAL ivfflat.probes = {}").format(sql.Literal(int(probes))))
+            conn.execute(_statement(SET_PROBES, int(probes)))
         curs = []
         for v, w in zip(q, want):
             text = vector_text(v)
             cur = conn.cursor(binary=True)
-            cur.execute(sql.SQL(FAN_OUT).format(codes=sql.SQL(CODE_COLUMNS if codes else ""),
-                                                limit=sql.Literal(int(w))), [text, text])
+            cur.execute(_statement(FAN_OUT if half_dims is None else FAN_OUT_HALF, int(w), codes, half_dims),
+                        [text, text])
             curs.append(cur)
     return [(i + 1, *r) for i, cur in enumerate(curs) for r in cur.fetchall()]
+
+
+SET_EF, SET_PROBES = "SET LOCAL hnsw.ef_search = {limit}", "SET LOCAL ivfflat.probes = {limit}"
+
+
+@functools.lru_cache(maxsize=512)
+def _statement(template: str, limit: int, codes: bool = False, half_dims: int | None = None):
+    """``template`` composed (``FAN_OUT``, ``FAN_OUT_HALF``, ``SET_EF``, ``SET_PROBES``), once per value: a
+    caption's first stage composes no SQL."""
+    from psycopg import sql
+
+    return sql.SQL(template).format(codes=sql.SQL(CODE_COLUMNS if codes else ""), limit=sql.Literal(int(limit)),
+                                    take=sql.Literal(rows_for(int(limit), True)), dims=sql.Literal(int(half_dims or 0)))
 
 
 class DbGallery(RerankStore):
@@ -168,8 +192,9 @@ class DbGallery(RerankStore):
     against the manifest's records and the stored hash) as an index directory's are. ``ef_search``: HNSW's
     candidate list (default ``EF_FACTOR`` · the number of rows asked for, within 40..``EF_SEARCH_MAX``). ``read``:
     another database (URL) to read through, e.g. a streaming standby's; writes (``db_rows``) go to ``db``.
-    ``parallel``: connections a batch's first stage is split over, searched at once (the database walks the index
-    for each part on its own core). ``probes``: ``ivfflat.probes`` when the table's index is IVFFlat (default
+    ``parallel``: connections searching at once: the captions of ``each_first_stage``, or the parts of a batch's
+    ``first_stage`` (the database walks its index on as many cores). The index may be over the vectors at half
+    precision (``half``, ``db_index``). ``probes``: ``ivfflat.probes`` when the table's index is IVFFlat (default
     √lists, ``db_index``); the index is found on load (``index_kind``, ``lists``), so restart a reader after
     ``python -m serve index`` changes it."""
 
@@ -181,11 +206,11 @@ class DbGallery(RerankStore):
             raise ValueError(f"probes={probes}: give 1 or more IVFFlat lists to scan")
         self.db, self._own = as_database(db, **db_kwargs)
         self.reader, self._own_reader = self.db, False
-        self.ef_search, self.parallel, self.probes, self._threads = ef_search, parallel, probes, None
-        if parallel > 1:  # its threads start on the first split batch; two batch workers may split at once
-            from concurrent.futures import ThreadPoolExecutor
+        self.ef_search, self.parallel, self.probes = ef_search, parallel, probes
+        from concurrent.futures import ThreadPoolExecutor
 
-            self._threads = ThreadPoolExecutor(max_workers=2 * (parallel - 1), thread_name_prefix="mmgeo-db")
+        # the connections that search at once (``each_first_stage``, a split ``first_stage``); threads start on use
+        self._threads = ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="mmgeo-db")
         self.root = self.db.display  # where it is, for messages and evaluation records
         try:
             if read is not None:
@@ -209,8 +234,9 @@ class DbGallery(RerankStore):
             books = {(r, int(h)): (bytes(d), s) for r, h, d, s in
                      conn.execute("SELECT role, head, data, sha256 FROM mmgeo_codebooks").fetchall()}
             self.citus = self.fan_out = distributed(conn)
-            self.index_kind, self.lists = current_index(conn)
-        self.manifest = m = {**got[0], "index_type": f"pgvector-{self.index_kind}"}  # the index there now
+            self.index_kind, self.lists, self.half = current_index(conn)
+        kind = f"pgvector-{self.index_kind}" + ("-halfvec" if self.half else "")
+        self.manifest = m = {**got[0], "index_type": kind}  # the index there now
         if self.index_kind == "ivfflat" and self.probes is None:
             self.probes = default_probes(self.lists)
         if m.get("format") != FORMAT or m.get("version") != VERSION:
@@ -248,7 +274,7 @@ class DbGallery(RerankStore):
 
     def close(self) -> None:
         if getattr(self, "_threads", None) is not None:
-            self._threads.shutdown(wait=True)
+            self._threads.shutdown(wait=True, cancel_futures=True)
         if self._own:
             self.db.close()
         if self._own_reader:
@@ -261,7 +287,8 @@ class DbGallery(RerankStore):
         self.close()
 
     def ef_for(self, k: int) -> int:
-        return int(min(EF_SEARCH_MAX, max(40, self.ef_search or EF_FACTOR * k)))
+        """``hnsw.ef_search`` for a caption that wants ``k`` rows (``rows_for`` them by a half-precision index)."""
+        return int(min(EF_SEARCH_MAX, max(40, self.ef_search or EF_FACTOR * rows_for(k, self.half))))
 
     def first_stage(self, q: np.ndarray, want: Sequence[int], codes: bool = True
                     ) -> tuple[np.ndarray, np.ndarray, CandidateRows | None]:
@@ -269,13 +296,11 @@ class DbGallery(RerankStore):
         by inner product of global vectors (HNSW, ``hnsw.ef_search`` from the largest ``want``) and, when
         ``codes``, their stored rows -> (scores (B, W) float32, ids (B, W) int64 padded with -1, ``CandidateRows``
         whose row i·W + j is ids[i, j]'s), W = max(want)."""
-        q = np.asarray(q, dtype=np.float32)
+        q = self._check(q)
         B, W = len(q), max(want) if len(want) else 0
         scores, ids = np.full((B, W), -np.inf, np.float32), np.full((B, W), -1, np.int64)
         if B == 0 or W == 0:
             return scores, ids, (CandidateRows(self, 0, np.zeros(0, np.int64), [], [], [], []) if codes else None)
-        if q.shape[1] != self.model_record["d_global"]:
-            raise ValueError(f"query vectors are {q.shape[1]}-d; the gallery's are {self.model_record['d_global']}-d")
         ef, parts = self.ef_for(W), np.array_split(np.arange(B), min(B, self.parallel))
         if len(parts) == 1:
             rows = self._rows(q, want, ef, codes)
@@ -301,19 +326,62 @@ class DbGallery(RerankStore):
         cols = list(zip(*rows)) if rows else [[]] * 7
         return scores, ids, CandidateRows(self, B * W, pos, *(list(c) for c in cols[3:7]))
 
+    def each_first_stage(self, q: np.ndarray, want: Sequence[int]
+                         ) -> Iterator[tuple[np.ndarray, np.ndarray, CandidateRows]]:
+        """``first_stage`` caption by caption, each in its own round trip (``FAN_OUT``'s one statement, with
+        ``hnsw.ef_search`` from its own ``want``), ``parallel`` of them at once on their own connections -> for
+        caption i, in order, as soon as its answer is in: (scores (n,) float32, ids (n,) int64, ``CandidateRows``
+        whose row j is ids[j]'s), n <= want[i]. The caller re-ranks caption i while the database searches the next
+        ones (``two_stage.search_texts``)."""
+        q = self._check(q)
+        probes = self.probes if self.index_kind == "ivfflat" else None
+
+        def caption(v: np.ndarray, w: int) -> list[tuple]:
+            with self.reader.connection() as conn:
+                return fan_out_rows(conn, v[None], [w], self.ef_for(w), True, self.citus, probes, self._half_dims)
+
+        found = [self._threads.submit(contextvars.copy_context().run, caption, v, int(w))  # in this collection
+                 for v, w in zip(q, want)]
+        try:
+            for f in found:
+                rows = f.result()
+                cols = list(zip(*rows)) if rows else [[]] * 7
+                yield (np.array(cols[2], np.float32), np.array(cols[1], np.int64),
+                       CandidateRows(self, len(rows), np.arange(len(rows)), *(list(c) for c in cols[3:7])))
+        finally:  # a consumer that stops early leaves no search queued
+            for f in found:
+                f.cancel()
+
+    @property
+    def _half_dims(self) -> int | None:
+        return int(self.model_record["d_global"]) if self.half else None
+
+    def _check(self, q: np.ndarray) -> np.ndarray:
+        q = np.asarray(q, dtype=np.float32)
+        if len(q) and q.shape[1] != self.model_record["d_global"]:
+            raise ValueError(f"query vectors are {q.shape[1]}-d; the gallery's are {self.model_record['d_global']}-d")
+        return q
+
     def _rows(self, q: np.ndarray, want: Sequence[int], ef: int, codes: bool) -> list[tuple]:
         """``FIRST_STAGE``'s rows for captions ``q`` (numbered from 1) in one round trip on one connection."""
+        from psycopg import sql
+
         with self.reader.connection() as conn:
             probes = self.probes if self.index_kind == "ivfflat" else None
             if self.fan_out:
-                return fan_out_rows(conn, q, want, ef, codes, self.citus, probes)
+                return fan_out_rows(conn, q, want, ef, codes, self.citus, probes, self._half_dims)
             with conn.pipeline(), conn.transaction():  # one round trip: BEGIN, SET LOCAL, the query, COMMIT
                 conn.execute("SELECT set_config('hnsw.ef_search', %s, true)", [str(ef)])
                 if probes:
                     conn.execute("SELECT set_config('ivfflat.probes', %s, true)", [str(probes)])
                 cur = conn.cursor(binary=True)
-                cur.execute(FIRST_STAGE.format(codes=CODE_COLUMNS if codes else ""),
-                            [[vector_text(v) for v in q], [int(w) for w in want]])
+                texts, want = [vector_text(v) for v in q], [int(w) for w in want]
+                if self.half:
+                    cur.execute(sql.SQL(FIRST_STAGE_HALF).format(codes=sql.SQL(CODE_COLUMNS if codes else ""),
+                                                                 dims=sql.Literal(self._half_dims)),
+                                [texts, want, [rows_for(w, True) for w in want]])
+                else:
+                    cur.execute(FIRST_STAGE.format(codes=CODE_COLUMNS if codes else ""), [texts, want])
             return cur.fetchall()
 
     def rows(self, ids: Sequence[int]) -> tuple[CandidateRows, np.ndarray]:

@@ -129,7 +129,8 @@ def create_gallery(db: Database, manifest: dict, codebooks: dict[tuple[str, int]
                 for table in ("mmgeo_images", "mmgeo_codebooks", "mmgeo_gallery"):
                     conn.execute(f"DELETE FROM {table} WHERE collection = mmgeo_collection()")  # noqa: S608
         # a new gallery starts on HNSW (an IVFFlat index's lists are of the rows it was built over)
-        for name in ("mmgeo_images_embedding_hnsw", "mmgeo_images_embedding_ivfflat"):  # one a statement (Citus)
+        for name in ("mmgeo_images_embedding_hnsw", "mmgeo_images_embedding_ivfflat",  # one a statement (Citus)
+                     "mmgeo_images_embedding_hnsw_half", "mmgeo_images_embedding_ivfflat_half"):
             conn.execute(f"DROP INDEX IF EXISTS {name}")
         conn.execute(sql.SQL("ALTER TABLE mmgeo_images ALTER COLUMN embedding TYPE vector({})").format(
             sql.Literal(d)))

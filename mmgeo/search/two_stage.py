@@ -104,33 +104,36 @@ def search_texts(model, gallery: Gallery, texts, ks, reranks, k_prime: int = 100
     top ``k`` otherwise); each re-ranked query's K' candidates are read (fp16 on disk, fp32 here) and
     re-scored by the geometric score against their stored keys/values (``rerank_candidates``). A gallery with a
     ``first_stage`` (``mmgeo.search.database.DbGallery``) answers the first stage itself, the candidates' stored
-    rows with their ids (one SQL query for the batch), and those rows are re-ranked the same way.
+    rows with their ids (one SQL query a caption, ``each_first_stage``), and each caption's rows are re-ranked
+    the same way as soon as they arrive, while the database searches for the next captions.
     """
     q = np.ascontiguousarray(texts.pooled.float().cpu().numpy())  # (B, d_g)
-    first_stage = getattr(gallery, "first_stage", None)
-    if first_stage is None:  # an index directory: FAISS, then the candidates' rows read from the store by id
-        want = [min(max(k, k_prime) if r else k, gallery.count) for k, r in zip(ks, reranks)]  # per query
-        g_scores, ids = gallery.index.search(q, max(want))  # (B, W); HNSW / IVF may pad with -1
-        store, pos = gallery, ids
-    else:  # a database (mmgeo.search.database): ids, global scores and the candidates' codes in one round trip
-        want = [max(k, k_prime) if r else k for k, r in zip(ks, reranks)]
-        g_scores, ids, store = first_stage(q, want)  # (B, W) padded with -1; store row i·W + j = ids[i, j]
-        pos = np.arange(ids.size).reshape(ids.shape)
-    valid = (ids >= 0) & (np.arange(ids.shape[1])[None] < np.asarray(want)[:, None])  # (B, W)
-    rows = [i for i in range(len(ks)) if reranks[i] and valid[i].any()]
-    out = [(ids[i][valid[i]][:ks[i]], g_scores[i][valid[i]][:ks[i]]) for i in range(len(ks))]
-    if not rows:
-        return out
-    if not model.geometric:
+    if any(reranks) and not model.geometric:
         raise ValueError("re-ranking needs a geometric model; this one is global-only: search with rerank off")
     texts = texts.to("cpu")
-    for i in rows:
-        c = ids[i][valid[i]]  # (K'_i,) candidates
-        s = rerank_candidates(texts.attn[i], texts.mask[i], texts.value[i], store, pos[i][valid[i]],
-                              coverage=model.coverage_term).numpy()
-        order = np.argsort(-s, kind="stable")[:ks[i]]
-        out[i] = c[order], s[order]
-    return out
+    each = getattr(gallery, "each_first_stage", None)
+    if each is not None:  # a database (mmgeo.search.database): ids, global scores and codes, caption by caption
+        want = [max(k, k_prime) if r else k for k, r in zip(ks, reranks)]
+        return [_rerank(model, texts, i, ks[i], reranks[i], ids, g_scores, rows, np.arange(len(ids)))
+                for i, (g_scores, ids, rows) in enumerate(each(q, want))]
+    # an index directory: FAISS, then the candidates' rows read from the store by id
+    want = [min(max(k, k_prime) if r else k, gallery.count) for k, r in zip(ks, reranks)]  # per query
+    g_scores, ids = gallery.index.search(q, max(want))  # (B, W); HNSW / IVF may pad with -1
+    valid = (ids >= 0) & (np.arange(ids.shape[1])[None] < np.asarray(want)[:, None])  # (B, W)
+    return [_rerank(model, texts, i, ks[i], reranks[i], ids[i][valid[i]], g_scores[i][valid[i]], gallery,
+                    ids[i][valid[i]]) for i in range(len(ks))]
+
+
+def _rerank(model, texts, i: int, k: int, rerank: bool, ids: np.ndarray, g_scores: np.ndarray, store: RerankStore,
+            pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Caption i's answer from its first-stage candidates ids (K',) with global scores, best first: the top k of
+    them, re-ranked by the geometric score of their rows ``pos`` in ``store`` when ``rerank``."""
+    if not rerank or not len(ids):
+        return ids[:k], g_scores[:k]
+    s = rerank_candidates(texts.attn[i], texts.mask[i], texts.value[i], store, pos,
+                          coverage=model.coverage_term).numpy()
+    order = np.argsort(-s, kind="stable")[:k]
+    return ids[order], s[order]
 
 
 def search_text(model, gallery: Gallery, text, k: int, rerank: bool = True, k_prime: int = 100):

@@ -152,7 +152,9 @@ def test_same_top_k_and_scores_as_the_index_directory(model, split, pg_url, tmp_
             plan = "\n".join(r[0] for r in conn.execute(
                 "EXPLAIN " + database.FIRST_STAGE.format(codes=database.CODE_COLUMNS),
                 [[database.vector_text(np.ones(16))], [50]]))
-        assert "mmgeo_images_embedding_hnsw" in plan
+            plan += "\n".join(r[0] for r in conn.execute("EXPLAIN " + database.FAN_OUT.format(
+                codes=database.CODE_COLUMNS, limit=50), [database.vector_text(np.ones(16))] * 2))  # one caption's
+        assert plan.count("mmgeo_images_embedding_hnsw") == 2
         got = search_texts(model, db, texts, [10] * 60, [True] * 60, k_prime=50)
     for (gi, gs), (wi, ws) in zip(got, want):  # a candidate list over all 120 images: HNSW's top 50 is exact
         np.testing.assert_array_equal(gi, wi)
@@ -177,6 +179,36 @@ def test_a_first_stage_split_over_connections_answers_as_one(model, split, pg_ur
         np.testing.assert_array_equal(i_small, i1[:2, :40])
     with pytest.raises(ValueError, match="parallel=0"):
         DbGallery(pg_url, parallel=0)
+
+
+def test_caption_by_caption_first_stage_answers_as_the_batch(model, split, pg_url):
+    """``each_first_stage``: each caption in its own round trip, ``parallel`` at once, yields in order what the
+    batch query gives that caption (ids, scores, codes); the two-stage answers do not depend on ``parallel``; a
+    consumer that stops early leaves the gallery serving."""
+    build_db_from_embedding(model, split.images, pg_url, codec="rq8", replace=True)
+    texts = split.texts[:7]
+    q = texts.pooled.float().numpy()  # (7, d_g)
+    want = [5, 40, 1, 17, 40, 3, 9]
+    with DbGallery(pg_url) as one, DbGallery(pg_url, parallel=3) as three:
+        s, ids, rows = one.first_stage(q, want)
+        for g in (one, three):
+            got = list(g.each_first_stage(q, want))
+            assert len(got) == len(q)
+            for i, (si, ii, ri) in enumerate(got):
+                assert len(ii) == want[i] and ri.count == want[i]
+                np.testing.assert_array_equal(ii, ids[i, :want[i]])
+                np.testing.assert_allclose(si, s[i, :want[i]], rtol=0, atol=1e-6)
+                for role in ("keys", "values"):
+                    np.testing.assert_array_equal(ri.codes[role], rows.codes[role][i * 40:i * 40 + want[i]])
+        a = search_texts(model, one, texts, [10] * 7, [True, False] * 3 + [True], k_prime=40)
+        b = search_texts(model, three, texts, [10] * 7, [True, False] * 3 + [True], k_prime=40)
+        for (ai, as_), (bi, bs) in zip(a, b):
+            np.testing.assert_array_equal(bi, ai)
+            np.testing.assert_allclose(bs, as_, rtol=0, atol=1e-6)
+        stream = three.each_first_stage(q, want)
+        next(stream)
+        stream.close()  # the searches still queued are dropped, the running ones give their connections back
+        np.testing.assert_array_equal(next(three.each_first_stage(q[:1], [5]))[1], ids[0, :5])
 
 
 def test_evaluation_gives_the_same_recall_over_both_galleries(model, split, pg_url, tmp_path):

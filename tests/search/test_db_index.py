@@ -10,7 +10,7 @@ from tests.search.conftest import encode_test_images
 pytest.importorskip("psycopg", reason="the database tests need psycopg 3 (pip install -e '.[db]')")
 from mmgeo.search.database import DbGallery, vector_text  # noqa: E402
 from mmgeo.search.db_build import build_db_from_embedding  # noqa: E402
-from mmgeo.search.db_index import FOUND, INDEXES, build_index, default_probes  # noqa: E402
+from mmgeo.search.db_index import ALL, FOUND, HALF, INDEXES, build_index, default_probes  # noqa: E402
 
 N_IMAGES = 80
 
@@ -23,7 +23,7 @@ def encoded():
 
 def indexes(db) -> set[str]:
     with db.connection() as conn:
-        return {r[0] for r in conn.execute(FOUND, [list(INDEXES.values())]).fetchall()}
+        return {r[0] for r in conn.execute(FOUND, [ALL]).fetchall()}
 
 
 def test_ivfflat_in_place_of_hnsw_and_back(encoded, pg_url):
@@ -64,6 +64,41 @@ def test_ivfflat_in_place_of_hnsw_and_back(encoded, pg_url):
         assert g.index_kind == "hnsw" and g.count == 20
 
 
+def test_an_index_at_half_precision(encoded, pg_url):
+    """``half_dims``: IVFFlat or HNSW over ``embedding::halfvec(d)``, found on load; the planner uses it for the
+    batch and the caption-by-caption statements; with every list scanned the first stage is the exact top 10 with
+    full-precision scores (the over-fetched rows re-sorted by the full vectors)."""
+    from mmgeo.search import database
+
+    model, split = encoded
+    build_db_from_embedding(model, split.images, pg_url, codec="fp16", replace=True)
+    q = split.texts.pooled[:12].float().numpy()  # (12, d_g)
+    s_exact = q @ split.images.pooled.float().numpy().T  # (12, N)
+    tenth = -np.sort(-s_exact, axis=1)[:, 9:10]
+    d = q.shape[1]
+    for kind, params in (("ivfflat", {"lists": 4}), ("hnsw", {"m": 8, "ef_construction": 64})):
+        build_index(DbGallery(pg_url).db, kind, half_dims=d, **params)
+        assert indexes(DbGallery(pg_url).db) == {INDEXES[kind] + HALF}
+        with DbGallery(pg_url, probes=4, ef_search=400, parallel=2) as g:
+            assert (g.index_kind, g.half, g.manifest["index_type"]) == (kind, True, f"pgvector-{kind}-halfvec")
+            with g.db.connection() as conn, conn.transaction():
+                conn.execute("SET LOCAL enable_seqscan = off")
+                text = vector_text(q[0])
+                plan = "\n".join(r[0] for r in conn.execute("EXPLAIN " + database.FAN_OUT_HALF.format(
+                    codes="", take=12, limit=10, dims=d), [text, text]))
+            assert INDEXES[kind] + HALF in plan
+            scores, ids, _ = g.first_stage(q, [10] * len(q), codes=False)
+            each = list(g.each_first_stage(q, [10] * len(q)))
+        for got_ids, got_scores in [(ids, scores), (np.stack([e[1] for e in each]), np.stack([e[0] for e in each]))]:
+            assert (np.take_along_axis(s_exact, got_ids, 1) >= tenth - 1e-5).all()
+            np.testing.assert_allclose(got_scores, np.take_along_axis(s_exact, got_ids, 1), rtol=0, atol=1e-5)
+            assert (np.diff(got_scores, axis=1) <= 1e-6).all()  # best first
+    build_index(DbGallery(pg_url).db, "hnsw")
+    assert indexes(DbGallery(pg_url).db) == {INDEXES["hnsw"]}
+    with DbGallery(pg_url) as g:
+        assert not g.half
+
+
 def test_bad_parameters_are_refused_before_any_work(encoded, pg_url):
     from mmgeo.search.db_index import check_params
 
@@ -86,8 +121,10 @@ def test_serve_index_command(encoded, pg_url, capsys):
     assert main(["index", "--db", pg_url, "--kind", "ivfflat"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: IVFFlat needs --lists") and "\n" not in err
+    assert main(["index", "--db", pg_url, "--kind", "hnsw", "--half"]) == 0
+    assert "built the hnsw-halfvec index" in capsys.readouterr().out
     assert main(["index", "--db", pg_url, "--kind", "hnsw"]) == 0
-    assert "in place of ivfflat" in capsys.readouterr().out
+    assert "in place of hnsw-halfvec" in capsys.readouterr().out
 
 
 def test_serve_index_over_a_database_of_named_collections(encoded, pg_url, capsys):
@@ -104,6 +141,7 @@ def test_serve_index_over_a_database_of_named_collections(encoded, pg_url, capsy
         COLLECTION.reset(token)
     assert main(["index", "--db", pg_url, "--collection", "a", "--kind", "ivfflat", "--lists", "3"]) == 0
     assert f"over {N_IMAGES} images" in capsys.readouterr().out
+    assert COLLECTION.get() is None  # the command's collection ends with it (a caller's thread is not left in it)
     token = COLLECTION.set("a")
     try:
         with DbGallery(pg_url) as g:
