@@ -87,8 +87,10 @@ def test_an_index_at_half_precision(encoded, pg_url):
                 plan = "\n".join(r[0] for r in conn.execute("EXPLAIN " + database.FAN_OUT_HALF.format(
                     codes="", take=12, limit=10, dims=d), [text, text]))
             assert INDEXES[kind] + HALF in plan
-            scores, ids, _ = g.first_stage(q, [10] * len(q), codes=False)
-            each = list(g.each_first_stage(q, [10] * len(q)))
+            scores, ids, rows = g.first_stage(q, [10] * len(q))  # FIRST_STAGE_HALF, with the rows' codes
+            each = list(g.each_first_stage(q, [10] * len(q)))  # FAN_OUT_HALF
+            for i, (_, _, got) in enumerate(each):
+                np.testing.assert_array_equal(got.keys, rows.keys[i * 10:i * 10 + 10])
         for got_ids, got_scores in [(ids, scores), (np.stack([e[1] for e in each]), np.stack([e[0] for e in each]))]:
             assert (np.take_along_axis(s_exact, got_ids, 1) >= tenth - 1e-5).all()
             np.testing.assert_allclose(got_scores, np.take_along_axis(s_exact, got_ids, 1), rtol=0, atol=1e-5)
