@@ -104,8 +104,8 @@ def search_texts(model, gallery: Gallery, texts, ks, reranks, k_prime: int = 100
     top ``k`` otherwise); each re-ranked query's K' candidates are read (fp16 on disk, fp32 here) and
     re-scored by the geometric score against their stored keys/values (``rerank_candidates``). A gallery with
     ``each_first_stage`` (``mmgeo.search.database.DbGallery``) answers the first stage itself, the candidates' stored
-    rows with their ids (one SQL query a caption, ``each_first_stage``), and each caption's rows are re-ranked
-    the same way as soon as they arrive, while the database searches for the next captions.
+    rows with their ids (one SQL query a caption), and each caption's rows are re-ranked the same way as soon as
+    they arrive, while the database searches for the next captions.
     """
     q = np.ascontiguousarray(texts.pooled.float().cpu().numpy())  # (B, d_g)
     if any(reranks) and not model.geometric:

@@ -194,12 +194,13 @@ def test_caption_by_caption_first_stage_answers_as_the_batch(model, split, pg_ur
         for g in (one, three):
             got = list(g.each_first_stage(q, want))
             assert len(got) == len(q)
-            for i, (si, ii, ri) in enumerate(got):
+            for i, (si, ii, ri) in enumerate(got):  # matched by id: rows of equal scores may come in either order
                 assert len(ii) == want[i] and ri.count == want[i]
-                np.testing.assert_array_equal(ii, ids[i, :want[i]])
+                a, b = np.argsort(ii, kind="stable"), np.argsort(ids[i, :want[i]], kind="stable")
+                np.testing.assert_array_equal(ii[a], ids[i, :want[i]][b])
                 np.testing.assert_allclose(si, s[i, :want[i]], rtol=0, atol=1e-6)
                 for role in ("keys", "values"):
-                    np.testing.assert_array_equal(ri.codes[role], rows.codes[role][i * 40:i * 40 + want[i]])
+                    np.testing.assert_array_equal(ri.codes[role][a], rows.codes[role][i * 40:i * 40 + want[i]][b])
         a = search_texts(model, one, texts, [10] * 7, [True, False] * 3 + [True], k_prime=40)
         b = search_texts(model, three, texts, [10] * 7, [True, False] * 3 + [True], k_prime=40)
         for (ai, as_), (bi, bs) in zip(a, b):
@@ -208,7 +209,7 @@ def test_caption_by_caption_first_stage_answers_as_the_batch(model, split, pg_ur
         stream = three.each_first_stage(q, want)
         next(stream)
         stream.close()  # the searches still queued are dropped, the running ones give their connections back
-        np.testing.assert_array_equal(next(three.each_first_stage(q[:1], [5]))[1], ids[0, :5])
+        np.testing.assert_array_equal(np.sort(next(three.each_first_stage(q[:1], [5]))[1]), np.sort(ids[0, :5]))
 
 
 def test_evaluation_gives_the_same_recall_over_both_galleries(model, split, pg_url, tmp_path):
