@@ -148,14 +148,15 @@ async def refuse(send, err: AuthError) -> None:
 
 def in_collection(name: str, fn, keys):
     """``fn`` run in collection ``name``'s database transactions (``COLLECTION``) when the service has keys: a
-    micro-batch runs in a thread of its own, outside any request's context."""
+    micro-batch runs in a thread of its own, outside any request's context. The results are yielded as ``fn``
+    gives them (a list, or a generator's one at a time), in the collection until the last."""
     if keys is None:
         return fn
 
     def run(items):
         token = COLLECTION.set(name)
         try:
-            return fn(items)
+            yield from fn(items)
         finally:
             COLLECTION.reset(token)
 

@@ -123,3 +123,48 @@ def test_one_worker_gathers_at_a_time_so_light_load_is_not_split_in_two():
 
     assert asyncio.run(main()) == [0, 1, 2, 3]
     assert sizes == [4]
+
+
+def test_a_generator_answers_each_waiter_as_soon_as_its_result_is_yielded():
+    """fn yields caption by caption: the first waiter has its answer while the batch is still running (here the
+    batch goes on only once that answer has arrived, so answers held until the end would never come)."""
+    first_answered = threading.Event()
+
+    def stream(items):
+        yield items[0] * 10
+        assert first_answered.wait(5), "the first answer was held back until the batch ended"
+        yield from (i * 10 for i in items[1:])
+
+    async def main():
+        b = MicroBatcher(stream, max_batch=4, max_wait_ms=20)
+        await b.start()
+        waiters = [asyncio.ensure_future(b.submit(i)) for i in range(3)]
+        first = await asyncio.wait_for(waiters[0], 5)
+        assert not waiters[2].done()
+        first_answered.set()
+        rest = await asyncio.wait_for(asyncio.gather(*waiters[1:]), 5)
+        await b.stop()
+        return [first, *rest], b.items
+
+    assert asyncio.run(main()) == ([0, 10, 20], 3)
+
+
+def test_an_error_part_way_reaches_only_the_waiters_not_yet_answered():
+    def stream(items):
+        yield from items[:1]
+        raise RuntimeError("search failed")
+
+    def short(items):
+        return items[:1]  # one result for several items: a bug, answered with an error, never a hang
+
+    async def main(fn):
+        b = MicroBatcher(fn, max_batch=4, max_wait_ms=20)
+        await b.start()
+        out = await asyncio.wait_for(asyncio.gather(*(b.submit(i) for i in range(3)), return_exceptions=True), 5)
+        await b.stop()
+        return out
+
+    first, *rest = asyncio.run(main(stream))
+    assert first == 0 and all(isinstance(e, RuntimeError) and "search failed" in str(e) for e in rest)
+    first, *rest = asyncio.run(main(short))
+    assert first == 0 and all(isinstance(e, RuntimeError) and "answered 1 of 3" in str(e) for e in rest)
