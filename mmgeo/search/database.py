@@ -177,8 +177,8 @@ SET_EF, SET_PROBES = "SET LOCAL hnsw.ef_search = {limit}", "SET LOCAL ivfflat.pr
 
 @functools.lru_cache(maxsize=512)
 def _statement(template: str, limit: int, codes: bool = False, half_dims: int | None = None):
-    """``template`` composed (``FAN_OUT``, ``FAN_OUT_HALF``, ``SET_EF``, ``SET_PROBES``), once per value: a
-    caption's first stage composes no SQL."""
+    """``template`` composed (``FAN_OUT``, ``FAN_OUT_HALF``, ``FIRST_STAGE``, ``FIRST_STAGE_HALF``, ``SET_EF``,
+    ``SET_PROBES``: the placeholders it has of these values), once per value: a first stage composes no SQL."""
     from psycopg import sql
 
     return sql.SQL(template).format(codes=sql.SQL(CODE_COLUMNS if codes else ""), limit=sql.Literal(int(limit)),
@@ -364,8 +364,6 @@ class DbGallery(RerankStore):
 
     def _rows(self, q: np.ndarray, want: Sequence[int], ef: int, codes: bool) -> list[tuple]:
         """``FIRST_STAGE``'s rows for captions ``q`` (numbered from 1) in one round trip on one connection."""
-        from psycopg import sql
-
         with self.reader.connection() as conn:
             probes = self.probes if self.index_kind == "ivfflat" else None
             if self.fan_out:
@@ -376,12 +374,8 @@ class DbGallery(RerankStore):
                     conn.execute("SELECT set_config('ivfflat.probes', %s, true)", [str(probes)])
                 cur = conn.cursor(binary=True)
                 texts, want = [vector_text(v) for v in q], [int(w) for w in want]
-                if self.half:
-                    cur.execute(sql.SQL(FIRST_STAGE_HALF).format(codes=sql.SQL(CODE_COLUMNS if codes else ""),
-                                                                 dims=sql.Literal(self._half_dims)),
-                                [texts, want, [rows_for(w, True) for w in want]])
-                else:
-                    cur.execute(FIRST_STAGE.format(codes=CODE_COLUMNS if codes else ""), [texts, want])
+                cur.execute(_statement(FIRST_STAGE_HALF if self.half else FIRST_STAGE, 0, codes, self._half_dims),
+                            [texts, want, *([[rows_for(w, True) for w in want]] if self.half else [])])
             return cur.fetchall()
 
     def rows(self, ids: Sequence[int]) -> tuple[CandidateRows, np.ndarray]:

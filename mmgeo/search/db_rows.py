@@ -19,6 +19,7 @@ import numpy as np
 
 from mmgeo.search.codecs import ROLES
 from mmgeo.search.db_connect import COLLECTION, Database, crash_point, migrate
+from mmgeo.search.db_index import ALL as ALL_INDEXES
 from mmgeo.search.store import GalleryError
 
 FORMAT = "mmgeo-gallery-db"
@@ -129,9 +130,8 @@ def create_gallery(db: Database, manifest: dict, codebooks: dict[tuple[str, int]
                 for table in ("mmgeo_images", "mmgeo_codebooks", "mmgeo_gallery"):
                     conn.execute(f"DELETE FROM {table} WHERE collection = mmgeo_collection()")  # noqa: S608
         # a new gallery starts on HNSW (an IVFFlat index's lists are of the rows it was built over)
-        for name in ("mmgeo_images_embedding_hnsw", "mmgeo_images_embedding_ivfflat",  # one a statement (Citus)
-                     "mmgeo_images_embedding_hnsw_half", "mmgeo_images_embedding_ivfflat_half"):
-            conn.execute(f"DROP INDEX IF EXISTS {name}")
+        for name in ALL_INDEXES:  # one a statement (Citus)
+            conn.execute(sql.SQL("DROP INDEX IF EXISTS {}").format(sql.Identifier(name)))
         conn.execute(sql.SQL("ALTER TABLE mmgeo_images ALTER COLUMN embedding TYPE vector({})").format(
             sql.Literal(d)))
         conn.execute(sql.SQL("CREATE INDEX mmgeo_images_embedding_hnsw ON mmgeo_images USING hnsw "
