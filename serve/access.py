@@ -148,15 +148,14 @@ async def refuse(send, err: AuthError) -> None:
 
 def in_collection(name: str, fn, keys):
     """``fn`` run in collection ``name``'s database transactions (``COLLECTION``) when the service has keys: a
-    micro-batch runs in a thread of its own, outside any request's context. The results are yielded as ``fn``
-    gives them (a list, or a generator's one at a time), in the collection until the last."""
+    micro-batch runs in a thread of its own, outside any request's context."""
     if keys is None:
         return fn
 
     def run(items):
         token = COLLECTION.set(name)
         try:
-            yield from fn(items)
+            return fn(items)
         finally:
             COLLECTION.reset(token)
 

@@ -17,7 +17,7 @@ from functools import partial
 from fastapi import FastAPI
 
 from mmgeo.search.store import Gallery
-from mmgeo.search.two_stage import each_search_text
+from mmgeo.search.two_stage import search_texts
 from serve.access import Access, AccessMiddleware, CurrentBatcher, CurrentGallery, in_collection, secure_document
 from serve.api import (  # noqa: F401 (the service's names, importable from here)
     JSON_BODY_LIMIT,
@@ -36,16 +36,16 @@ from serve.metrics import Metrics, MetricsMiddleware
 from serve.routes import add_image_routes, add_info_routes, add_search_routes, add_write_routes, description
 
 
-def search_batch(model, gallery: Gallery, k_prime: int, queries: list[tuple[str, int, bool]]):
-    """One micro-batch of (text, k, rerank) in a worker thread: one encode call, one first stage, each caption
-    re-ranked -> yields each query's /search answer in order as soon as it is ready (``serve.batching`` hands it to
-    its waiter at once), already JSON (``json_body``): rendering it here keeps FastAPI's encoder off the event loop,
-    which every request goes through. An answer that cannot be rendered (a non-finite score) is that query's error
-    alone, raised by its handler."""
+def search_batch(model, gallery: Gallery, k_prime: int,
+                 queries: list[tuple[str, int, bool]]) -> list[bytes | ValueError]:
+    """One micro-batch of (text, k, rerank) in a worker thread: one encode call, one FAISS search, one batched
+    re-rank -> each query's /search answer, already JSON (``json_body``): rendering it here keeps FastAPI's encoder
+    off the event loop, which every request goes through. An answer that cannot be rendered (a non-finite score)
+    is that query's error alone, raised by its handler."""
     emb = model.encode_text([t for t, _, _ in queries])  # rows (B, ...)
-    found = each_search_text(model, gallery, emb, [k for _, k, _ in queries], [r for _, _, r in queries], k_prime)
-    for (t, _, r), (ids, scores) in zip(queries, found):
-        yield render({"query": t, "rerank": r, "results": result_rows(ids, scores)})
+    found = search_texts(model, gallery, emb, [k for _, k, _ in queries], [r for _, _, r in queries], k_prime)
+    return [render({"query": t, "rerank": r, "results": result_rows(ids, scores)})
+            for (t, _, r), (ids, scores) in zip(queries, found)]
 
 
 def open_gallery(index_dir=None, db=None, ef_search: int | None = None, db_read=None, db_parallel: int = 1,

@@ -9,10 +9,6 @@ time, so while one batch runs in its thread (torch and FAISS release the GIL) th
 another core, but a moderate load is not split into half-size batches that each pay the per-batch cost (the
 encoder's per-call work, the FAISS call): with each worker taking every other request the server spent 22-44 %
 more CPU per request at 8 clients (docs/serve.md).
-
-``fn`` may also yield the results one at a time, in the items' order (a generator): each waiter then gets its
-answer as soon as it is yielded, not when the whole batch ends, so its client can send its next query while the
-rest of the batch is still being searched, and that query's batch is encoded meanwhile by the other worker.
 """
 
 from __future__ import annotations
@@ -23,8 +19,7 @@ from collections.abc import Callable
 
 
 class MicroBatcher:
-    """``await batcher.submit(item)`` -> ``fn([...items])[i]`` for this item's position ``i`` in its batch (``fn``
-    returns a list, or yields the results in order)."""
+    """``await batcher.submit(item)`` -> ``fn([...items])[i]`` for this item's position ``i`` in its batch."""
 
     def __init__(self, fn: Callable, max_batch: int = 32, max_wait_ms: float = 3.0, workers: int = 1):
         if workers < 1:
@@ -82,36 +77,14 @@ class MicroBatcher:
             batch = [(t, f) for t, f in batch if not f.done()]  # drop requests cancelled while queued
             if not batch:
                 continue
-            futures = [f for _, f in batch]
             try:
-                answered = await asyncio.to_thread(self._answer, [t for t, _ in batch], futures,
-                                                   asyncio.get_running_loop())
-            except Exception as err:  # noqa: BLE001 - hand the error to every waiter left, keep serving
-                for f in futures:
+                out = await asyncio.to_thread(self.fn, [t for t, _ in batch])
+            except Exception as err:  # noqa: BLE001 - hand the error to every waiter, keep serving
+                for _, f in batch:
                     if not f.done():
                         f.set_exception(err)
                 continue
-            self.batches, self.items = self.batches + 1, self.items + answered
-            for f in futures[answered:]:  # fn gave fewer results than items: a bug, never a hang
+            self.batches, self.items = self.batches + 1, self.items + len(batch)
+            for i, (_, f) in enumerate(batch):
                 if not f.done():
-                    f.set_exception(RuntimeError(f"the batch function answered {answered} of {len(futures)} items"))
-
-    def _answer(self, items: list, futures: list, loop) -> int:
-        """Run ``fn(items)`` in this worker thread, handing each result to its waiter as it comes -> results given.
-        An error part-way reaches the waiters not yet answered (``_run``)."""
-        n, results = 0, self.fn(items)
-        try:
-            for n, result in enumerate(results, 1):  # a list, or a generator's results as they are yielded
-                if n > len(futures):
-                    break
-                loop.call_soon_threadsafe(_settle, futures[n - 1], result)
-        finally:
-            if hasattr(results, "close"):  # a generator left part-way ends here, in this thread and its context
-                results.close()
-        return min(n, len(futures))
-
-
-def _settle(fut, result) -> None:
-    """Give a waiter its result (on the event loop), unless it has gone (a request cancelled meanwhile)."""
-    if not fut.done():
-        fut.set_result(result)
+                    f.set_result(out[i])

@@ -96,6 +96,7 @@ def rerank_candidates(q: torch.Tensor, q_mask: torch.Tensor, u: torch.Tensor, ga
     return torch.cat(out)
 
 
+@torch.inference_mode()
 def search_texts(model, gallery: Gallery, texts, ks, reranks, k_prime: int = 100) -> list[tuple[np.ndarray, ...]]:
     """Two-stage search for a batch of encoded captions -> one (ids (k,), scores (k,)) per caption, best first.
 
@@ -104,16 +105,8 @@ def search_texts(model, gallery: Gallery, texts, ks, reranks, k_prime: int = 100
     re-scored by the geometric score against their stored keys/values (``rerank_candidates``). A gallery with
     ``each_first_stage`` (``mmgeo.search.database.DbGallery``) answers the first stage itself, the candidates' stored
     rows with their ids (one SQL query a caption), and each caption's rows are re-ranked the same way as soon as
-    they arrive, while the database searches for the next captions. ``each_search_text`` yields the same answers one
-    caption at a time.
+    they arrive, while the database searches for the next captions.
     """
-    return list(each_search_text(model, gallery, texts, ks, reranks, k_prime))
-
-
-@torch.inference_mode()
-def each_search_text(model, gallery: Gallery, texts, ks, reranks, k_prime: int = 100):
-    """``search_texts``, as a generator: caption i's (ids, scores) as soon as it is re-ranked, in order, so that a
-    service answers each query without waiting for the rest of its batch (``serve.batching``)."""
     q = np.ascontiguousarray(texts.pooled.float().cpu().numpy())  # (B, d_g)
     if any(reranks) and not model.geometric:
         raise ValueError("re-ranking needs a geometric model; this one is global-only: search with rerank off")
@@ -121,16 +114,14 @@ def each_search_text(model, gallery: Gallery, texts, ks, reranks, k_prime: int =
     each = getattr(gallery, "each_first_stage", None)
     if each is not None:  # a database (mmgeo.search.database): ids, global scores and codes, caption by caption
         want = [max(k, k_prime) if r else k for k, r in zip(ks, reranks)]
-        for i, (g_scores, ids, rows) in enumerate(each(q, want)):
-            yield _rerank(model, texts, i, ks[i], reranks[i], ids, g_scores, rows, np.arange(len(ids)))
-        return
+        return [_rerank(model, texts, i, ks[i], reranks[i], ids, g_scores, rows, np.arange(len(ids)))
+                for i, (g_scores, ids, rows) in enumerate(each(q, want))]
     # an index directory: FAISS, then the candidates' rows read from the store by id
     want = [min(max(k, k_prime) if r else k, gallery.count) for k, r in zip(ks, reranks)]  # per query
     g_scores, ids = gallery.index.search(q, max(want))  # (B, W); HNSW / IVF may pad with -1
     valid = (ids >= 0) & (np.arange(ids.shape[1])[None] < np.asarray(want)[:, None])  # (B, W)
-    for i in range(len(ks)):
-        yield _rerank(model, texts, i, ks[i], reranks[i], ids[i][valid[i]], g_scores[i][valid[i]], gallery,
-                      ids[i][valid[i]])
+    return [_rerank(model, texts, i, ks[i], reranks[i], ids[i][valid[i]], g_scores[i][valid[i]], gallery,
+                    ids[i][valid[i]]) for i in range(len(ks))]
 
 
 def _rerank(model, texts, i: int, k: int, rerank: bool, ids: np.ndarray, g_scores: np.ndarray, store: RerankStore,

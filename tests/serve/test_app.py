@@ -209,17 +209,17 @@ def test_app_refuses_a_mismatched_model(serve_env):
 def test_an_answer_that_cannot_be_rendered_fails_its_query_alone(serve_env, monkeypatch):
     import serve.app as app_module
 
-    real = app_module.each_search_text
+    real = app_module.search_texts
 
     def nan_for_bad(model, gallery, emb, ks, reranks, k_prime):  # the real search; NaN scores for the queries
         found = real(model, gallery, emb, ks, reranks, k_prime)  # of `texts` (the batch sent) that start "bad"
-        for text, (ids, scores) in zip(texts, found):
-            yield (ids, scores * np.nan) if text.startswith("bad") else (ids, scores)
+        return [(ids, scores * np.nan) if text.startswith("bad") else (ids, scores)
+                for text, (ids, scores) in zip(texts, found)]
 
-    monkeypatch.setattr(app_module, "each_search_text", nan_for_bad)
+    monkeypatch.setattr(app_module, "search_texts", nan_for_bad)
     app = create_app(serve_env.idx, limits=LIMITS)
     texts = ["a red circle", "bad query", "a blue square"]
-    answers = list(app.state.batcher.fn([(t, 3, True) for t in texts]))  # one micro-batch of three queries
+    answers = app.state.batcher.fn([(t, 3, True) for t in texts])  # one micro-batch of three queries
     assert isinstance(answers[1], ValueError) and "JSON" in str(answers[1])
     assert [SearchResponse.model_validate_json(answers[i]).query for i in (0, 2)] == ["a red circle", "a blue square"]
     with TestClient(app, raise_server_exceptions=False) as c:

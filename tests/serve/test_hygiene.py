@@ -37,7 +37,7 @@ def test_internal_error_answers_an_id_and_logs_the_detail(client, monkeypatch, c
     def boom(*args, **kwargs):
         raise RuntimeError("secret detail")
 
-    monkeypatch.setattr(app_module, "each_search_text", boom)  # what /search's worker thread calls
+    monkeypatch.setattr(app_module, "search_texts", boom)  # what /search's worker thread calls
     with caplog.at_level(logging.ERROR, logger="serve.app"):
         r = client.post("/search", json={"text": "a red circle", "k": 3})
     assert r.status_code == 500
