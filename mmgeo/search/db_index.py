@@ -15,6 +15,7 @@ gallery has grown or changed much. The index is the table's, so it serves every 
 from __future__ import annotations
 
 import math
+import re
 import time
 
 from mmgeo.search.db_connect import Database
@@ -92,10 +93,18 @@ def build_index(db: Database, kind: str, lists: int | None = None, m: int = 16, 
         try:
             conn.execute(create)
         except errors.ProgramLimitExceeded as err:  # IVFFlat's k-means or HNSW's graph does not fit
-            raise ValueError(f"{str(err).strip()}: give the build more with --work-mem (e.g. 4GB)") from err
+            raise ValueError(work_mem_advice(str(err).strip(), kind)) from err
         seconds = time.perf_counter() - t
         for name in ALL:
             conn.execute(sql.SQL("DROP INDEX IF EXISTS {}").format(sql.Identifier(name)))
         conn.execute(sql.SQL("ALTER INDEX {} RENAME TO {}").format(
             sql.Identifier(NEW), sql.Identifier(INDEXES[kind] + ("" if half_dims is None else HALF))))
     return seconds
+
+
+def work_mem_advice(message: str, kind: str) -> str:
+    """PostgreSQL's "memory required is N MB, maintenance_work_mem is M MB" with what to run instead: ``--work-mem``
+    of the whole gigabytes that hold N MB (IVFFlat's k-means sample grows with its lists)."""
+    need = re.search(r"memory required is (\d+) MB", message)
+    fix = f"--work-mem {-(-int(need[1]) // 1024)}GB" if need else "a larger --work-mem"
+    return f"{message}: build it again with {fix}" + (" or fewer --lists" if kind == "ivfflat" else "")

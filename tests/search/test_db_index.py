@@ -114,6 +114,21 @@ def test_bad_parameters_are_refused_before_any_work(encoded, pg_url):
         DbGallery(pg_url, probes=0)
 
 
+def test_an_index_too_big_for_its_memory_says_how_much_to_give(encoded, pg_url):
+    from mmgeo.search.db_index import work_mem_advice
+
+    model, split = encoded
+    build_db_from_embedding(model, split.images[:20], pg_url, codec="fp16", replace=True)
+    advice = r"memory required is \d+ MB.*--work-mem \d+GB or fewer"
+    with DbGallery(pg_url) as g, pytest.raises(ValueError, match=advice):
+        build_index(g.db, "ivfflat", lists=30000, work_mem="1MB")  # k-means samples 50 rows a list
+    with DbGallery(pg_url) as g:
+        assert indexes(g.db) == {INDEXES["hnsw"]}  # the failed build left the old index
+    assert work_mem_advice("memory required is 12563 MB, maintenance_work_mem is 4096 MB", "ivfflat").endswith(
+        "build it again with --work-mem 13GB or fewer --lists")
+    assert work_mem_advice("out of memory", "hnsw").endswith("build it again with a larger --work-mem")
+
+
 def test_serve_index_command(encoded, pg_url, capsys):
     from serve.cli import main
 
