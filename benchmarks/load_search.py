@@ -350,12 +350,12 @@ def recall_report(args, index: Path, db_count: int, workdir: Path) -> dict:
 
         fman = json.loads((index / "manifest.json").read_text())
         model = mmgeo.load_model(fman["model"]["path"])  # the gallery's own model encodes the queries
-        q = model.encode_text(queries()).pooled.float().numpy()
+        q = model.encode_text(queries(args.recall_captions)).pooled.float().numpy()
         pooled = np.load(load_db.pooled_cache(workdir, fman, db_count), mmap_mode="r")
         setting = "probes" if args.ivfflat_lists else "ef_search"
-        out["k"], out["setting"] = args.recall_k, setting
+        out["k"], out["setting"], out["captions"] = args.recall_k, setting, len(q)
         out["gallery"] = load_db.first_stage_recall(args.db, pooled, q, args.recall_k, args.recall_ef, setting)
-        print(f"first-stage recall@{args.recall_k} against exact (load-test rows): " + ", ".join(
+        print(f"first-stage recall@{args.recall_k} over {len(q)} captions against exact (load-test rows): " + ", ".join(
             f"{setting} {ef}: {r:.3f}" for ef, r in out["gallery"].items()), flush=True)
     if args.recall_ckpt:
         x, q = load_db.model_vectors(args.recall_ckpt, args.recall_images, 200,
@@ -402,6 +402,8 @@ def main(argv=None) -> int:
                         "(with --ivfflat-lists: these ivfflat.probes)")
     p.add_argument("--recall-k", type=int, default=100, metavar="K", help="the K' of --recall-ef's recall (the "
                    "server's --k-prime: 100 unless --server-args changes it)")
+    p.add_argument("--recall-captions", type=int, default=200, metavar="N", help="captions --recall-ef's recall is "
+                   "measured over: the load test's own (the first N/5 validation scenes')")
     p.add_argument("--ivfflat-lists", type=int, default=None, metavar="N", help="with --db: serve the database "
                    "through an IVFFlat index of N lists (`serve index --kind ivfflat`) in place of HNSW")
     p.add_argument("--recall-ckpt", default=None, metavar="CKPT", help="also recall over a trained model's global "
@@ -417,6 +419,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.rounds < 1:
         p.error(f"--rounds must be at least 1, got {args.rounds}")
+    if args.recall_captions < 5:
+        p.error(f"--recall-captions must be at least 5 (one validation scene's), got {args.recall_captions}")
     if args.db and args.codec == "fp16":
         p.error("--db needs a coded re-rank store: add --codec rq8 (the database's default)")
     if args.db_only and not args.db:

@@ -103,16 +103,18 @@ def test_load_search_builds_its_rows_from_a_trained_models_scenes(tmp_path):
     args = [sys.executable, "-m", "benchmarks.load_search", "--count", "300", "--codec", "sq8", "--clients", "1",
             "--rerank", "on", "--seconds", "2", "--max-requests", "4", "--workdir", str(work),
             "--db", f"local:{tmp_path / 'pg'}", "--db-count", "340", "--db-only", "--gallery-ckpt", str(ckpt),
-            "--ivfflat-lists", "4", "--recall-ef", "4", "--recall-k", "50", "--json", str(out)]
+            "--ivfflat-lists", "4", "--recall-ef", "4", "--recall-k", "50", "--recall-captions", "10",
+            "--json", str(out)]
     res = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     got = json.loads(out.read_text())
     assert [(r["gallery"], r["images"], r["errors"]) for r in got["rows"]] == [("db", 340, 0)]
     assert got["db"]["count"] == 340 and got["db"]["recall"]["gallery"]["4"] == 1.0
     assert got["db"]["ivfflat"]["lists"] == 4 and got["db"]["ivfflat"]["build_s"] >= 0
-    assert got["db"]["recall"]["k"] == 50 and got["db"]["recall"]["setting"] == "probes"
-    assert "index pgvector-ivfflat" in res.stdout and "recall@50 against exact (load-test rows): probes 4: 1.000" \
-        in res.stdout
+    recall = got["db"]["recall"]
+    assert (recall["k"], recall["setting"], recall["captions"]) == (50, "probes", 10)
+    assert "index pgvector-ivfflat" in res.stdout and \
+        "recall@50 over 10 captions against exact (load-test rows): probes 4: 1.000" in res.stdout
     (folder,) = work.glob("index-300-*-trained-*")
     man = json.loads((folder / "manifest.json").read_text())
     assert man["count"] == 300 and man["model"]["sha256"] == file_sha256(ckpt)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextvars
 import functools
 import hashlib
+import weakref
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -141,6 +142,8 @@ FAN_OUT_HALF = """SELECT c.id, c.score{codes} FROM (
     SELECT i.id, -(i.embedding <#> %s::vector) AS score, i.key_codes, i.value_codes, i.mask, i.patches
     FROM mmgeo_images i ORDER BY i.embedding::halfvec({dims}) <#> %s::halfvec({dims}) LIMIT {take}) c
     ORDER BY c.score DESC LIMIT {limit}"""
+# the session's search settings, read after its captions' statements in the same pipeline (``session_rows``)
+SESSION_CHECK = "SELECT current_setting('hnsw.ef_search')::integer, current_setting('ivfflat.probes')::integer"
 DISTRIBUTED = "SELECT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = 'mmgeo_images'::regclass)"
 
 
@@ -155,7 +158,14 @@ def fan_out_rows(conn, q: np.ndarray, want: Sequence[int], ef: int, codes: bool,
                  probes: int | None = None, half_dims: int | None = None) -> list[tuple]:
     """The first stage as one ``ORDER BY ... LIMIT`` per caption, all in one pipeline (one round trip) -> rows as
     ``FIRST_STAGE`` returns them (caption number from 1 first). On Citus, ``SET LOCAL`` reaches the shards.
-    ``half_dims``: the index is over the vectors at half precision (``FAN_OUT_HALF``)."""
+    ``half_dims``: the index is over the vectors at half precision (``FAN_OUT_HALF``). On a connection outside any
+    transaction (autocommit, no collection's), the settings are the session's (``session_rows``)."""
+    from psycopg.pq import TransactionStatus
+
+    if not citus and conn.info.transaction_status == TransactionStatus.IDLE:
+        rows = session_rows(conn, q, want, ef, codes, probes, half_dims)
+        if rows is not None:
+            return rows
     with conn.pipeline(), conn.transaction():
         if citus:
             conn.execute("SET LOCAL citus.propagate_set_commands TO 'local'")
@@ -172,13 +182,45 @@ def fan_out_rows(conn, q: np.ndarray, want: Sequence[int], ef: int, codes: bool,
     return [(i + 1, *r) for i, cur in enumerate(curs) for r in cur.fetchall()]
 
 
+_SESSION: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # connection -> (ef_search, probes) SET on it
+
+
+def session_rows(conn, q: np.ndarray, want: Sequence[int], ef: int, codes: bool, probes: int | None,
+                 half_dims: int | None) -> list[tuple] | None:
+    """``fan_out_rows`` with ``hnsw.ef_search`` and ``ivfflat.probes`` SET for the connection's session when they
+    change, not in a transaction of each search: a caption is then one statement, not five (BEGIN, SET LOCAL ×2,
+    the search, COMMIT; docs/measurements/serving.md). The same pipeline reads the settings back after the
+    captions' statements; others than those set (a session reset behind the service's back, e.g. by a pooler
+    between) -> None, and the caller searches again with SET LOCAL."""
+    need = (int(ef), int(probes or 1))
+    with conn.pipeline():
+        if _SESSION.get(conn) != need:
+            conn.execute(_statement(SET_SESSION_EF, need[0]))
+            conn.execute(_statement(SET_SESSION_PROBES, need[1]))
+        curs = []
+        for v, w in zip(q, want):
+            text = vector_text(v)
+            cur = conn.cursor(binary=True)
+            cur.execute(_statement(FAN_OUT if half_dims is None else FAN_OUT_HALF, int(w), codes, half_dims),
+                        [text, text])
+            curs.append(cur)
+        check = conn.execute(SESSION_CHECK)
+    if check.fetchone() != need:
+        _SESSION.pop(conn, None)
+        return None
+    _SESSION[conn] = need
+    return [(i + 1, *r) for i, cur in enumerate(curs) for r in cur.fetchall()]
+
+
 SET_EF, SET_PROBES = "SET LOCAL hnsw.ef_search = {limit}", "SET LOCAL ivfflat.probes = {limit}"
+SET_SESSION_EF, SET_SESSION_PROBES = "SET hnsw.ef_search = {limit}", "SET ivfflat.probes = {limit}"
 
 
 @functools.lru_cache(maxsize=512)
 def _statement(template: str, limit: int, codes: bool = False, half_dims: int | None = None):
     """``template`` composed (``FAN_OUT``, ``FAN_OUT_HALF``, ``FIRST_STAGE``, ``FIRST_STAGE_HALF``, ``SET_EF``,
-    ``SET_PROBES``: the placeholders it has of these values), once per value: a first stage composes no SQL."""
+    ``SET_PROBES``, ``SET_SESSION_EF``, ``SET_SESSION_PROBES``: the placeholders it has of these values), once per
+    value: a first stage composes no SQL."""
     from psycopg import sql
 
     return sql.SQL(template).format(codes=sql.SQL(CODE_COLUMNS if codes else ""), limit=sql.Literal(int(limit)),

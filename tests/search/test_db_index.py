@@ -103,6 +103,45 @@ def test_an_index_at_half_precision(encoded, pg_url):
         assert not g.half
 
 
+def test_search_settings_held_by_the_session_follow_each_search(encoded, pg_url):
+    """Outside a transaction a caption is one statement under ``hnsw.ef_search`` / ``ivfflat.probes`` SET for the
+    connection's session (``session_rows``): each call's own probes hold (4 lists of 4: the exact top 10; 1: not),
+    a session reset behind the service's back is found and that search done again with SET LOCAL, and a search in
+    a transaction (a collection's) sets them for the transaction alone."""
+    from mmgeo.search import database
+
+    model, split = encoded
+    build_db_from_embedding(model, split.images, pg_url, codec="fp16", replace=True)
+    q = split.texts.pooled[:12].float().numpy()  # (12, d_g)
+    s_exact = q @ split.images.pooled.float().numpy().T  # (12, N)
+    tenth = -np.sort(-s_exact, axis=1)[:, 9:10]
+
+    with DbGallery(pg_url) as g:
+        build_index(g.db, "ivfflat", lists=4)
+
+    def exact(conn, probes) -> bool:  # every caption's 10 rows among its exact top 10 (up to float rounding)
+        rows = database.fan_out_rows(conn, q, [10] * len(q), 40, False, False, probes)
+        ids = np.array([r[1] for r in rows]).reshape(len(q), 10)
+        return bool((np.take_along_axis(s_exact, ids, 1) >= tenth - 1e-5).all())
+
+    def session_probes(conn) -> int:
+        return int(conn.execute("SELECT current_setting('ivfflat.probes')").fetchone()[0])
+
+    with DbGallery(pg_url) as g, g.db.connection() as conn:
+        conn.execute("SET enable_seqscan = off")  # the index even over 80 rows (else an exact scan and sort)
+        assert exact(conn, 4) and database._SESSION[conn] == (40, 4) and session_probes(conn) == 4
+        assert not exact(conn, 1) and session_probes(conn) == 1
+        assert exact(conn, 4)
+        conn.execute("RESET ALL")  # the session's settings gone, unknown to the service
+        conn.execute("SET enable_seqscan = off")
+        assert exact(conn, 4) and conn not in database._SESSION  # found, searched again with SET LOCAL
+        assert session_probes(conn) == 1  # pgvector's default: the retry changed nothing for the session
+        assert exact(conn, 4) and database._SESSION[conn] == (40, 4)  # SET again on the next search
+        with conn.transaction():
+            assert not exact(conn, 1)
+        assert session_probes(conn) == 4
+
+
 def test_bad_parameters_are_refused_before_any_work(encoded, pg_url):
     from mmgeo.search.db_index import check_params
 
