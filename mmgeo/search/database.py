@@ -172,14 +172,19 @@ def fan_out_rows(conn, q: np.ndarray, want: Sequence[int], ef: int, codes: bool,
         conn.execute(_statement(SET_EF, int(ef)))
         if probes:
             conn.execute(_statement(SET_PROBES, int(probes)))
-        curs = []
-        for v, w in zip(q, want):
-            text = vector_text(v)
-            cur = conn.cursor(binary=True)
-            cur.execute(_statement(FAN_OUT if half_dims is None else FAN_OUT_HALF, int(w), codes, half_dims),
-                        [text, text])
-            curs.append(cur)
+        curs = _caption_searches(conn, q, want, codes, half_dims)
     return [(i + 1, *r) for i, cur in enumerate(curs) for r in cur.fetchall()]
+
+
+def _caption_searches(conn, q: np.ndarray, want: Sequence[int], codes: bool, half_dims: int | None) -> list:
+    """Each caption's ``FAN_OUT`` (``FAN_OUT_HALF``) statement sent on ``conn`` -> their cursors, in caption order."""
+    curs = []
+    for v, w in zip(q, want):
+        text = vector_text(v)
+        cur = conn.cursor(binary=True)
+        cur.execute(_statement(FAN_OUT if half_dims is None else FAN_OUT_HALF, int(w), codes, half_dims), [text, text])
+        curs.append(cur)
+    return curs
 
 
 _SESSION: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # connection -> (ef_search, probes) SET on it
@@ -197,13 +202,7 @@ def session_rows(conn, q: np.ndarray, want: Sequence[int], ef: int, codes: bool,
         if _SESSION.get(conn) != need:
             conn.execute(_statement(SET_SESSION_EF, need[0]))
             conn.execute(_statement(SET_SESSION_PROBES, need[1]))
-        curs = []
-        for v, w in zip(q, want):
-            text = vector_text(v)
-            cur = conn.cursor(binary=True)
-            cur.execute(_statement(FAN_OUT if half_dims is None else FAN_OUT_HALF, int(w), codes, half_dims),
-                        [text, text])
-            curs.append(cur)
+        curs = _caption_searches(conn, q, want, codes, half_dims)
         check = conn.execute(SESSION_CHECK)
     if check.fetchone() != need:
         _SESSION.pop(conn, None)
