@@ -201,9 +201,10 @@ def prepare_db(spec: str, folder: Path, count: int, m: int, efc: int, workdir: P
         return rec
 
 
-def ensure_ivfflat(spec: str, lists: int, half: bool = False, log=print) -> float | None:
-    """The database's index made IVFFlat of ``lists`` lists (``serve index``'s build; ``half``: over the vectors at
-    half precision) unless it is one already; -> the build's seconds, or None when reused."""
+def ensure_ivfflat(spec: str, lists: int, half: bool = False, log=print, work_mem: str = "4GB") -> float | None:
+    """The database's index made IVFFlat of ``lists`` lists (``serve index``'s build, with ``work_mem`` of
+    ``maintenance_work_mem``; ``half``: over the vectors at half precision) unless it is one already; -> the build's
+    seconds, or None when reused."""
     from mmgeo.search.database import DbGallery
     from mmgeo.search.db_index import build_index
 
@@ -213,7 +214,7 @@ def ensure_ivfflat(spec: str, lists: int, half: bool = False, log=print) -> floa
             log(f"reusing the {what}")
             return None
         log(f"building an {what} over {g.count:,} rows in place of {g.manifest['index_type']} ...")
-        seconds = build_index(g.db, "ivfflat", lists=lists, work_mem="4GB",
+        seconds = build_index(g.db, "ivfflat", lists=lists, work_mem=work_mem,
                               half_dims=g.model_record["d_global"] if half else None)
     log(f"  IVFFlat index built in {seconds:.0f} s")
     return seconds

@@ -411,6 +411,8 @@ def main(argv=None) -> int:
     p.add_argument("--recall-images", type=int, default=29_000)
     p.add_argument("--half-index", action="store_true", help="with --ivfflat-lists: index the vectors at half "
                    "precision (`serve index --half`)")
+    p.add_argument("--work-mem", default="4GB", metavar="SIZE", help="with --ivfflat-lists: maintenance_work_mem of "
+                   "its build (`serve index --work-mem`; 8,000 lists over 1M rows need 13GB)")
     p.add_argument("--db-only", action="store_true", help="with --db: serve only the database gallery")
     p.add_argument("--gallery-ckpt", type=Path, default=None, metavar="CKPT",
                    help="rows of a trained model instead of random vectors: the first --count (and --db-count) "
@@ -442,7 +444,8 @@ def main(argv=None) -> int:
                                                    if args.db_ef_search else [])]))
         if args.ivfflat_lists:
             db_rec["ivfflat"] = {"lists": args.ivfflat_lists, "half": args.half_index,
-                                 "build_s": load_db.ensure_ivfflat(args.db, args.ivfflat_lists, args.half_index)}
+                                 "build_s": load_db.ensure_ivfflat(args.db, args.ivfflat_lists, args.half_index,
+                                                                   work_mem=args.work_mem)}
         db_rec["recall"] = recall_report(args, index, db_count, workdir)
     variants = [f"{g}{f' {v}' if v else ''}" if args.db else v for g, _ in galleries for v in args.server_args or [""]]
     plan = {label: (gallery, v) for label, (gallery, v) in

@@ -103,8 +103,8 @@ def test_load_search_builds_its_rows_from_a_trained_models_scenes(tmp_path):
     args = [sys.executable, "-m", "benchmarks.load_search", "--count", "300", "--codec", "sq8", "--clients", "1",
             "--rerank", "on", "--seconds", "2", "--max-requests", "4", "--workdir", str(work),
             "--db", f"local:{tmp_path / 'pg'}", "--db-count", "340", "--db-only", "--gallery-ckpt", str(ckpt),
-            "--ivfflat-lists", "4", "--recall-ef", "4", "--recall-k", "50", "--recall-captions", "10",
-            "--json", str(out)]
+            "--ivfflat-lists", "4", "--work-mem", "64MB", "--recall-ef", "4", "--recall-k", "50",
+            "--recall-captions", "10", "--json", str(out)]
     res = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     got = json.loads(out.read_text())

@@ -65,8 +65,8 @@ def check_params(kind: str, lists: int | None, m: int, ef_construction: int) -> 
     if kind not in INDEXES:
         raise ValueError(f"index kind must be one of {sorted(INDEXES)}, got {kind!r}")
     if kind == "ivfflat" and (lists is None or not 1 <= lists <= 32_768):
-        raise ValueError(f"IVFFlat needs --lists in 1..32768 (pgvector's range), got {lists}; about rows / 250 "
-                         "measured well at 1M rows (docs/serve.md)")
+        raise ValueError(f"IVFFlat needs --lists in 1..32768 (pgvector's range), got {lists}; rows / 125 was "
+                         "the best of those measured at 1M rows (docs/serve.md)")
     if kind == "hnsw":
         for name, v in (("m", m), ("ef_construction", ef_construction)):
             if not 2 <= v <= 1000:
