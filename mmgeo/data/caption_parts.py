@@ -29,7 +29,7 @@ import re
 
 import numpy as np
 
-from mmgeo.data.caption_edits import NOUNS
+from mmgeo.data.caption_edits import ATTRIBUTES, NOUNS
 
 _SEPARATORS = {",", ";", "and", "with", "while"}
 _OPENERS = {"a", "an", "the", "two", "three", "four", "five", "several", "some", "many", "another", "one",
@@ -105,6 +105,13 @@ def partial_caption(caption: str, rng: np.random.Generator, max_objects: int = 2
     k = int(rng.integers(1, min(max_objects, len(phrases) - 1) + 1))
     keep = np.sort(rng.choice(len(phrases), size=k, replace=False))
     return " and ".join(phrases[i] for i in keep)
+
+
+def without_colors(caption: str) -> str:
+    """The caption with its colour words left out ("a small red square on the left" -> "a small square on the
+    left"): still true of its image, and of every image holding such an object in any colour, so it asks for the
+    shape and the place apart from the colour. Colour words are ``caption_edits.ATTRIBUTES["color"]``'s."""
+    return " ".join(w for w in caption.split() if w.lower() not in ATTRIBUTES["color"])
 
 
 def fewer_phrases(caption: str, rng: np.random.Generator, n: int = 1) -> list[str]:

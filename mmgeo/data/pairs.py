@@ -16,7 +16,7 @@ from torch.utils.data import Dataset
 from mmgeo.data import build_dataset
 from mmgeo.data.caption_edits import EDIT_KINDS, caption_negatives
 from mmgeo.data.caption_groups import phrase_words, true_of, true_pairs
-from mmgeo.data.caption_parts import fewer_phrases, partial_caption, stated_count
+from mmgeo.data.caption_parts import fewer_phrases, partial_caption, stated_count, without_colors
 
 
 class CaptionTruth(NamedTuple):
@@ -56,9 +56,11 @@ class CaptionPairs(Dataset):
     ``hard_negatives`` the image's one-change variant (``dataset.variant(i)``) comes along, so the two
     sit in the same batch as each other's hardest negative. ``partial_captions``: the share of items whose
     caption is cut to one or two of its object phrases (``mmgeo.data.caption_parts``) before its negatives
-    are made, so a partial description is a positive and its edits the negatives. ``caption_truth``: each pair
-    carries the phrases of its caption, of its negatives and of all its image's captions, so ``Collate`` can tell
-    which captions and edits are true of which images of the batch (``mmgeo.data.caption_groups``).
+    are made, so a partial description is a positive and its edits the negatives; ``colorless_sub_captions``: the
+    share of those sub-captions whose colour words are then left out (``caption_parts.without_colors``).
+    ``caption_truth``: each pair carries the phrases of its caption, of its negatives and of all its image's
+    captions, so ``Collate`` can tell which captions and edits are true of which images of the batch
+    (``mmgeo.data.caption_groups``).
     ``fewer_phrase_negatives``: up to this many copies of the caption with one object phrase left out
     (``caption_parts.fewer_phrases``) join its negatives after the edits, flagged so that they stay image->text
     negatives only: true of the image, they ask it to prefer the caption that names more of it."""
@@ -66,9 +68,10 @@ class CaptionPairs(Dataset):
     def __init__(self, dataset, transform, seed: int, hard_negatives: bool = False, caption_negatives: int = 0,
                  negative_kinds=EDIT_KINDS, vocabulary=None, partial_captions: float = 0.0,
                  negative_weights: dict[str, float] | None = None, caption_truth: bool = False,
-                 fewer_phrase_negatives: int = 0):
-        if not 0.0 <= partial_captions <= 1.0:
-            raise ValueError(f"data.partial_captions={partial_captions} must be a share between 0 and 1")
+                 fewer_phrase_negatives: int = 0, colorless_sub_captions: float = 0.0):
+        for name, share in (("partial_captions", partial_captions), ("colorless_sub_captions", colorless_sub_captions)):
+            if not 0.0 <= share <= 1.0:
+                raise ValueError(f"data.{name}={share} must be a share between 0 and 1")
         if hard_negatives and not hasattr(dataset, "variant"):
             raise ValueError(f"{type(dataset).__name__} cannot make hard-negative variants (only the synthetic "
                              "shapes world can); set data.hard_negatives: false")
@@ -77,7 +80,7 @@ class CaptionPairs(Dataset):
         self.negative_kinds, self.vocabulary = tuple(negative_kinds), vocabulary
         self.negative_weights = dict(negative_weights or {})  # checked by caption_negatives (and the config)
         self.partial_captions, self.caption_truth = partial_captions, caption_truth
-        self.fewer_phrase_negatives = fewer_phrase_negatives
+        self.fewer_phrase_negatives, self.colorless_sub_captions = fewer_phrase_negatives, colorless_sub_captions
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -96,6 +99,8 @@ class CaptionPairs(Dataset):
             caption = whole = captions[rng.integers(len(captions))]
             if self.partial_captions and rng.random() < self.partial_captions:  # no draw when off: runs replay
                 caption = partial_caption(caption, rng) or caption
+                if self.colorless_sub_captions and caption != whole and rng.random() < self.colorless_sub_captions:
+                    caption = without_colors(caption) or caption
             partial.append(caption != whole)
             negatives = caption_negatives(caption, rng, self.caption_negatives, self.negative_kinds,
                                           self.vocabulary, self.negative_weights) if self.caption_negatives else []

@@ -46,6 +46,9 @@ class DataConfig:
     # a kind not named), e.g. {replace_noun: 3} for more noun-replacing negatives; empty = uniform
     partial_captions: float = 0.0  # share of items whose caption is cut to a sub-caption of 1-2 of its object
     # phrases (mmgeo.data.caption_parts: text rules, any dataset); its caption negatives edit the sub-caption
+    colorless_sub_captions: float = 0.0  # share of sub-captions whose colour words are left out ("a small square on
+    # the left": mmgeo.data.caption_parts.without_colors), so shape and place are asked for apart from colour; such a
+    # sub-caption is true of other batch images, so pair it with mask_true_captions (docs/design.md §9)
     fewer_phrase_negatives: int = 0  # per caption naming ≥ 2 object phrases, up to this many copies with one
     # phrase left out (mmgeo.data.caption_parts.fewer_phrases) as image->text negatives only: true of the image, they
     # teach it to prefer the caption naming more of it; never text->image queries (the edit terms skip them)

@@ -201,6 +201,23 @@ def test_items_say_whether_their_caption_was_cut_to_a_sub_caption():
     assert any(cut) and not all(cut)
 
 
+def test_colorless_sub_captions_drop_the_colour_words_of_that_share_of_sub_captions_only():
+    from mmgeo.data.caption_edits import ATTRIBUTES
+
+    world = ShapesWorld("train", size=60, image_size=32)
+    make = lambda share: CaptionPairs(world, lambda im: torch.zeros(3, 32, 32), seed=0,  # noqa: E731
+                                      partial_captions=0.5, colorless_sub_captions=share)
+    colored = lambda text: any(w in ATTRIBUTES["color"] for w in text.split())  # noqa: E731
+    items = [make(0.5)[(i, 0, 0)] for i in range(60)]
+    subs = [it["pairs"][0][1] for it in items if it["partial"][0]]
+    wholes = [it["pairs"][0][1] for it in items if not it["partial"][0]]
+    assert wholes and all(colored(c) for c in wholes)  # a whole caption keeps its colours
+    assert 0 < sum(not colored(c) for c in subs) < len(subs)
+    assert all(colored(it["pairs"][0][1]) for i in range(60) for it in [make(0.0)[(i, 0, 0)]])
+    with pytest.raises(ValueError, match="colorless_sub_captions"):
+        make(1.5)
+
+
 def test_true_captions_can_leave_whole_captions_their_negatives():
     """data.mask_true_of sub_captions: only a sub-caption's true images leave its negatives; a whole caption keeps
     every other image, so it still learns its own image above one that holds its objects and more."""

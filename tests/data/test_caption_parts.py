@@ -99,3 +99,29 @@ def test_fewer_phrases_of_flickr_style_captions(caption, expected):
     out = fewer_phrases(caption, np.random.default_rng(0), n=3)
     assert len(out) == len(expected) and set(out) == expected
     assert len(fewer_phrases(caption, np.random.default_rng(0), n=1)) == min(1, len(expected))
+
+
+@pytest.mark.parametrize("caption, expected", [
+    ("a small red square on the left", "a small square on the left"),
+    ("in the top left a Big GREEN circle and a grey dog", "in the top left a Big circle and a dog"),
+    ("a large triangle at the top", "a large triangle at the top"),
+])
+def test_without_colors_leaves_every_other_word(caption, expected):
+    from mmgeo.data.caption_parts import without_colors
+
+    assert without_colors(caption) == expected
+
+
+def test_a_colorless_sub_caption_is_true_of_its_image_by_the_text_rules():
+    from mmgeo.data.caption_groups import caption_true_of, phrase_words
+    from mmgeo.data.caption_parts import partial_caption, without_colors
+    from mmgeo.data.shapes import ShapesWorld
+
+    world, rng = ShapesWorld("train", size=30, image_size=32), np.random.default_rng(0)
+    for i in range(30):
+        captions = world[i][1]
+        sub = partial_caption(captions[0], rng)
+        if sub is None:
+            continue
+        named = [p for c in captions for p in phrase_words(c)]
+        assert caption_true_of(phrase_words(without_colors(sub)), named), sub
