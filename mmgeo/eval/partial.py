@@ -107,6 +107,13 @@ def relevant_counts(relevant: list[np.ndarray]) -> dict:
             "tied_own@1": float((1.0 / sizes).mean())}
 
 
+def in_first_stage(global_rankings: list[np.ndarray], relevant: list[np.ndarray], k_prime: int) -> float:
+    """Share of queries with a relevant image among the global score's exact top ``k_prime``: what a flat first
+    stage hands the re-rank, so a served miss of such a query is the re-rank's (or its codes'), the others the
+    first stage's."""
+    return float(np.mean([np.isin(r[:k_prime], rel).any() for r, rel in zip(global_rankings, relevant)]))
+
+
 def score_rankings(queries, rankings, relevant, scenes) -> dict:
     """The record of one query set under one ranking: metrics, "own@1" (the share whose first hit is the image the
     query was drawn from: R@1 as full-caption retrieval counts it) and the first-hit error breakdown."""
@@ -132,9 +139,9 @@ def evaluate_partial_queries(model, world, images, n: int = 300, seed: int = 0, 
     for kind, (queries, relevant) in make_query_sets(world, n, seed, scenes).items():
         texts = model.encode_text([q.text for q in queries])
         entry = {"relevant_per_query": relevant_counts(relevant)}
+        ranked = {mode: exact_rankings(exact_scores(model, texts, images, mode, progress=False)) for mode in modes}
         for mode in modes:
-            ranked = exact_rankings(exact_scores(model, texts, images, mode, progress=False))
-            entry[f"exact_{mode}"] = score_rankings(queries, ranked, relevant, scenes)
+            entry[f"exact_{mode}"] = score_rankings(queries, ranked[mode], relevant, scenes)
         if gallery is not None:
             served = []
             for start in range(0, len(queries), batch_size):
@@ -142,6 +149,7 @@ def evaluate_partial_queries(model, world, images, n: int = 300, seed: int = 0, 
                 served += [ids for ids, _ in search_texts(model, gallery, texts[start:start + m], [k_prime] * m,
                                                           [model.geometric] * m, k_prime)]
             entry["served"] = score_rankings(queries, served, relevant, scenes)
+            entry["served"]["relevant_in_first_stage"] = in_first_stage(ranked["global"], relevant, k_prime)
         entry["examples"] = [q.text for q in queries[:3]]
         record[kind] = entry
     return record
@@ -167,6 +175,10 @@ def format_table(record: dict) -> str:
                       for label, c in cs.items()), key=lambda x: -x[0])[:4]
         if top:
             lines.append(f"{kind} {name}, most confused: " + ", ".join(f"{t} ({c})" for c, t in top))
+    first = {kind: (record.get(kind) or {}).get("served", {}).get("relevant_in_first_stage") for kind in QUERY_KINDS}
+    if any(v is not None for v in first.values()):
+        lines.append(f"served: a relevant image among the global score's top {record['k_prime']} (the first stage) "
+                     "for " + ", ".join(f"{kind} {v:.3f}" for kind, v in first.items() if v is not None))
     full = (record.get("full_caption") or {}).get("relevant_per_query")
     if full:
         lines.append(f"full captions true of more than one image: {100 * full['more_than_one']:.1f} %; own@1 with "

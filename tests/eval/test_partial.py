@@ -49,10 +49,22 @@ def test_evaluation_exact_and_served_on_a_tiny_model(tmp_path):
             assert 0 <= r["P@1"] <= 1 and 0 <= r["mAP"] <= 1
             assert r["wrong_first_hits"] == round(12 * (1 - r["P@1"]))
             assert r["own@1"] <= r["P@1"]  # a query's own image is always one it is true of
+        # a served first hit that is relevant came through the first stage (a flat index: the exact global top K')
+        assert record[kind]["served"]["P@1"] <= record[kind]["served"]["relevant_in_first_stage"]
         assert record[kind]["relevant_per_query"]["min"] >= 1
     table = format_table(record)
     assert "one_object" in table and "full_caption" in table and "served" in table and "own@1" in table
-    assert "ties at random" in table
+    assert "ties at random" in table and "the first stage" in table
+
+
+def test_in_first_stage_counts_queries_with_a_relevant_image_in_the_top_k_prime():
+    from mmgeo.eval.partial import in_first_stage
+
+    rankings = [np.array([3, 1, 0, 2]), np.array([0, 1, 2, 3]), np.array([2, 3, 1, 0])]
+    relevant = [np.array([1]), np.array([3]), np.array([0, 3])]
+    assert in_first_stage(rankings, relevant, k_prime=2) == pytest.approx(2 / 3)  # the second's only image is 4th
+    assert in_first_stage(rankings, relevant, k_prime=1) == 0.0
+    assert in_first_stage(rankings, relevant, k_prime=4) == 1.0
 
 
 def test_first_hit_confusions_count_what_was_asked_and_what_came_back():
