@@ -63,7 +63,7 @@ def test_warnings_fire_on_thresholds():
     q_mask, k_mask = _masks()
     with pytest.warns(UserWarning, match="near-uniform"):
         diagnose_tensors(torch.zeros(N, H, T, D), q_mask, torch.randn(N, H, S, D), k_mask)
-    q, k = _qk(logit_scale=50.0)
+    q, k = _qk(logit_scale=500.0)  # logits in the thousands
     with pytest.warns(UserWarning) as record:
         r = diagnose_tensors(q, q_mask, k, k_mask, weights={"query": torch.outer(torch.randn(8), torch.randn(16))})
     text = " ".join(str(w.message) for w in record)
@@ -86,6 +86,20 @@ def test_healthy_inputs_raise_nothing(recwarn):
 
 
 COLLAPSE = 0.5 * math.log(2)
+
+
+def test_sharp_attention_of_a_healthy_run_is_not_a_logit_explosion():
+    """Trained models level off at |logit| 40-75: sharp attention, no explosion warning; past the limit, one."""
+    from mmgeo.eval.diagnostics import LOGIT_LIMIT
+
+    q_mask, k_mask = _masks()
+    q, k = _qk()
+    real = q_mask[:, None, :, None].expand(N, H, T, S)  # the logits of real tokens, what the report reads
+    peak = float((q @ k.transpose(-1, -2) / math.sqrt(D))[real].abs().max())
+    for top, explodes in ((75.0, False), (1.5 * LOGIT_LIMIT, True)):
+        r = diagnose_tensors(q * top / peak, q_mask, k, k_mask, warn=False)
+        assert max(abs(r["logits"]["min"]), abs(r["logits"]["max"])) == pytest.approx(top, rel=1e-5)
+        assert any("logit explosion" in w for w in r["warnings"]) == explodes
 
 
 def test_diagnose_model_is_json_and_scalars(tiny_model):
