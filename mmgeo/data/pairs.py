@@ -94,16 +94,14 @@ class CaptionPairs(Dataset):
         """The item of ``samples`` ((image, captions), and its variant with hard negatives) of sample ``i``: the
         one path of map-style data and of shard streams (``mmgeo.data.shard_stream``)."""
         rng = np.random.default_rng([self.seed, epoch, i])
-        pairs, truth, partial, fewer, colorless = [], [], [], [], []
+        pairs, truth, partial, fewer = [], [], [], []
         for image, captions in samples:
             caption = whole = captions[rng.integers(len(captions))]
-            colored = caption
             if self.partial_captions and rng.random() < self.partial_captions:  # no draw when off: runs replay
-                caption = colored = partial_caption(caption, rng) or caption
+                caption = partial_caption(caption, rng) or caption
                 if self.colorless_sub_captions and caption != whole and rng.random() < self.colorless_sub_captions:
                     caption = without_colors(caption) or caption
             partial.append(caption != whole)
-            colorless.append(caption != colored)
             negatives = caption_negatives(caption, rng, self.caption_negatives, self.negative_kinds,
                                           self.vocabulary, self.negative_weights) if self.caption_negatives else []
             drops = fewer_phrases(caption, rng, self.fewer_phrase_negatives) if self.fewer_phrase_negatives else []
@@ -115,17 +113,15 @@ class CaptionPairs(Dataset):
                 truth.append(CaptionTruth(phrase_words(caption), [p for c in named for p in c],
                                           [phrase_words(n) for n in negatives], max(map(len, named)),
                                           [stated_count(n) for n in negatives]))
-        item = {"pairs": pairs, "partial": partial, "colorless": colorless, "fewer": fewer, "index": i,
-                "epoch": epoch, "step": step}
+        item = {"pairs": pairs, "partial": partial, "fewer": fewer, "index": i, "epoch": epoch, "step": step}
         return {**item, "truth": truth} if self.caption_truth else item
 
 
 class Collate:
     """Items -> one batch: pixels (B, 3, H, W), the B captions then every negative caption tokenised together
     (``input_ids`` / ``attention_mask`` (B + N_neg, T)); ``num_captions`` = B; ``partial`` (B,) whether each caption
-    is a sub-caption, ``colorless`` (B,) whether its colour words were left out, ``negative_source`` (N_neg,) the
-    pair each negative was made from, ``negative_fewer`` (N_neg,) bool whether it is the caption with a phrase left
-    out (an image->text negative only); with items that carry
+    is a sub-caption, ``negative_source`` (N_neg,) the pair each negative was made from, ``negative_fewer`` (N_neg,)
+    bool whether it is the caption with a phrase left out (an image->text negative only); with items that carry
     caption truth (``CaptionPairs(caption_truth=True)``), ``positives`` (B, B) bool: caption i true of image j, i ≠
     j, and ``negative_truth`` (N_neg, B) bool: negative n true of image j by the text rules, never of its own source
     (the edit was made to be false of it) and of none when the rule cannot see the edit (its object phrases are the
@@ -148,9 +144,7 @@ class Collate:
         source = [i for i, (_, _, negs) in enumerate(pairs) for _ in negs]  # the pair each negative edits
         partial = [p for item in batch for p in item["partial"]]
         fewer = [f for item in batch for flags in item["fewer"] for f in flags]
-        colorless = [c for item in batch for c in item.get("colorless", [False] * len(item["pairs"]))]
         extra = {"partial": torch.tensor(partial, dtype=torch.bool),  # (B,) whether each caption is a sub-caption
-                 "colorless": torch.tensor(colorless, dtype=torch.bool),  # (B,) ... one without its colour words
                  "negative_source": torch.tensor(source, dtype=torch.long),  # (N_neg,)
                  "negative_fewer": torch.tensor(fewer, dtype=torch.bool)}  # (N_neg,)
         if "truth" in batch[0]:

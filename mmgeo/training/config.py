@@ -98,9 +98,6 @@ class LossConfig:
     # (so, and an edit of a whole caption names all the image's objects: a whole caption leaves none out, so it is
     # not an image's that holds more; edits of sub-captions keep contains)
     local_loss: bool = False  # several ranks: score local captions/images against all (2·B·W·B pairs, not (W·B)²)
-    colorless_global: bool = True  # sub-captions without colour words (data.colorless_sub_captions) are positives
-    # of the global InfoNCE and rows of the distillation too; false = of the geometric loss only (the global vector,
-    # the first stage, then learns only from captions that keep their colours)
 
     def __post_init__(self):
         if self.negative_query_rows not in ("all", "sub_captions", "true_of_another"):

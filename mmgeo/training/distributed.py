@@ -58,12 +58,6 @@ def global_max(value: int, device: torch.device) -> int:
     return int(t.item())
 
 
-def global_sum(value: int, device: torch.device) -> int:
-    t = torch.tensor([value], device=device, dtype=torch.long)
-    dist.all_reduce(t, op=dist.ReduceOp.SUM)
-    return int(t.item())
-
-
 def check_equal_batches(n: int, device: torch.device) -> None:
     sizes = all_gather_no_grad(torch.tensor([n], device=device, dtype=torch.long)).tolist()
     if len(set(sizes)) != 1:

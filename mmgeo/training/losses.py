@@ -21,14 +21,12 @@ class EditQueries:
 
 
 def infonce(text_logits: torch.Tensor, image_logits: torch.Tensor, offset: int = 0,
-            positives: torch.Tensor | None = None, rows: torch.Tensor | None = None) -> torch.Tensor:
+            positives: torch.Tensor | None = None) -> torch.Tensor:
     """Mean of text->image and image->text cross-entropy over B local pairs.
 
     text_logits (B, N): the B captions against N images; image_logits (B, N'): the B images against N'
     captions; the positive of pair i sits in column ``offset + i`` of both. ``positives`` (B, B) bool, caption i
     true of image j (i ≠ j, ``mmgeo.data.caption_groups``): those pairs are left out of both sides' negatives.
-    ``rows`` (B,) bool: only these pairs' two cross-entropy rows count (their captions stay negatives of the
-    other images); None = all, none = a zero loss.
     """
     if positives is not None and bool(positives.any()):
         B = len(positives)
@@ -36,10 +34,6 @@ def infonce(text_logits: torch.Tensor, image_logits: torch.Tensor, offset: int =
         text_logits[:, offset:offset + B] = text_logits[:, offset:offset + B].masked_fill(positives, float("-inf"))
         image_logits[:, offset:offset + B] = image_logits[:, offset:offset + B].masked_fill(positives.T, float("-inf"))
     target = torch.arange(text_logits.shape[0], device=text_logits.device) + offset
-    if rows is not None:
-        if not bool(rows.any()):
-            return 0.0 * (text_logits.sum() + image_logits.sum())
-        text_logits, image_logits, target = text_logits[rows], image_logits[rows], target[rows]
     return 0.5 * (F.cross_entropy(text_logits, target) + F.cross_entropy(image_logits, target))
 
 
@@ -50,19 +44,13 @@ def symmetric_infonce(logits: torch.Tensor) -> torch.Tensor:
     return infonce(logits, logits.T)
 
 
-def distillation(text_side: dict[str, torch.Tensor], image_side: dict[str, torch.Tensor],
-                 rows: torch.Tensor | None = None) -> torch.Tensor:
+def distillation(text_side: dict[str, torch.Tensor], image_side: dict[str, torch.Tensor]) -> torch.Tensor:
     """KL from the geometric score's in-batch distribution to the global score's, rows of both directions, the
     teacher (geometric) detached: the global vector — the service's first stage — learns which images the
     geometric score ranks high, not only the one positive (Hinton et al. 2015; docs/design.md §2).
 
     ``text_side`` (B, N) texts against images, ``image_side`` (B, N') images against texts, each a dict with
-    "geometric" and "global" logits (temperatures already applied). ``rows`` (B,) bool: only these pairs' rows
-    (None = all, none = zero)."""
-    if rows is not None:
-        if not bool(rows.any()):
-            return 0.0 * sum(v.sum() for side in (text_side, image_side) for v in side.values())
-        text_side, image_side = ({k: v[rows] for k, v in side.items()} for side in (text_side, image_side))
+    "geometric" and "global" logits (temperatures already applied)."""
     kl = [F.kl_div(F.log_softmax(side["global"], 1), F.log_softmax(side["geometric"].detach(), 1),
                    log_target=True, reduction="batchmean") for side in (text_side, image_side)]
     return 0.5 * (kl[0] + kl[1])
@@ -120,23 +108,17 @@ def combine(terms: dict[str, torch.Tensor], global_weight: float) -> torch.Tenso
 
 
 def _loss(text_side: dict[str, torch.Tensor], image_side: dict[str, torch.Tensor], global_weight: float,
-          distill_weight: float = 0.0, offset: int = 0, positives: torch.Tensor | None = None,
-          global_rows: torch.Tensor | None = None, rows_share: float = 1.0) -> dict[str, torch.Tensor]:
+          distill_weight: float = 0.0, offset: int = 0,
+          positives: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """InfoNCE per score on (texts against images, images against texts), combined; plus distillation (over
-    every pair: the teacher ranking another true image high is right). ``global_rows`` (B,) bool: the pairs the
-    global InfoNCE and the distillation learn from (a geometric model; None = all); those two terms, means over
-    the rows, are multiplied by ``rows_share`` (a rank's share of all ranks' rows × W under the local loss, so
-    the mean over ranks is the mean over every row)."""
-    rows = {"global": global_rows} if "geometric" in text_side else {}
-    terms = {k: infonce(text_side[k], image_side[k], offset, positives, rows.get(k)) for k in text_side}
-    if rows and global_rows is not None:
-        terms["global"] = rows_share * terms["global"]
+    every pair: the teacher ranking another true image high is right)."""
+    terms = {k: infonce(text_side[k], image_side[k], offset, positives) for k in text_side}
     out = {"loss_global": terms["global"], "loss": combine(terms, global_weight)}
     if "geometric" not in terms:
         return out
     out["loss_geometric"] = terms["geometric"]
     if distill_weight:
-        out["loss_distill"] = rows_share * distillation(text_side, image_side, global_rows)
+        out["loss_distill"] = distillation(text_side, image_side)
         out["loss"] = out["loss"] + distill_weight * out["loss_distill"]
     return out
 
@@ -144,8 +126,7 @@ def _loss(text_side: dict[str, torch.Tensor], image_side: dict[str, torch.Tensor
 def retrieval_loss(logits: dict[str, torch.Tensor], global_weight: float = 1.0,
                    negative_logits: dict[str, torch.Tensor] | None = None,
                    distill_weight: float = 0.0, positives: torch.Tensor | None = None,
-                   edits: EditQueries | None = None,
-                   global_rows: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+                   edits: EditQueries | None = None) -> dict[str, torch.Tensor]:
     """docs/design.md §2: InfoNCE on the geometric score + λ · InfoNCE on the global score (+ distillation).
 
     ``logits`` from ``GeoRetriever.logits`` (B, B); returns {"loss", "loss_geometric"?, "loss_global",
@@ -154,14 +135,13 @@ def retrieval_loss(logits: dict[str, torch.Tensor], global_weight: float = 1.0,
     baseline) trains on the global term alone, at weight 1. ``distill_weight``: weight of ``distillation``.
     ``positives`` (B, B) bool: caption i true of image j, left out of the negatives (``infonce``).
     ``edits``: ``negative_logits`` as text->image queries too (``with_edit_queries``).
-    ``global_rows`` (B,) bool: the pairs the global InfoNCE and the distillation learn from (``_loss``).
     """
     for v in logits.values():
         if v.dim() != 2 or v.shape[0] != v.shape[1]:
             raise ValueError(f"the retrieval loss needs square (B, B) logit matrices, got {tuple(v.shape)}")
     image_side = {k: (v if negative_logits is None else torch.cat([v, negative_logits[k]])).T
                   for k, v in logits.items()}
-    out = _loss(logits, image_side, global_weight, distill_weight, positives=positives, global_rows=global_rows)
+    out = _loss(logits, image_side, global_weight, distill_weight, positives=positives)
     return with_edit_queries(out, negative_logits, edits, global_weight)
 
 
@@ -182,7 +162,7 @@ def with_edit_queries(out: dict, negative_logits, edits: EditQueries | None, glo
 
 def contrastive_loss(model, text, image, global_weight: float = 1.0, local_loss: bool = False,
                      negatives=None, distill_weight: float = 0.0, positives: torch.Tensor | None = None,
-                     edits: EditQueries | None = None, global_rows: torch.Tensor | None = None) -> dict:
+                     edits: EditQueries | None = None) -> dict:
     """The retrieval loss over the *global* batch when training on several ranks (open_clip's ClipLoss).
 
     ``text``/``image``: this rank's Embeddings (B local pairs). On one process it is ``retrieval_loss``.
@@ -208,25 +188,20 @@ def contrastive_loss(model, text, image, global_weight: float = 1.0, local_loss:
     ``edits``: this rank's negatives as text->image queries against this rank's images (``with_edit_queries``);
     on several ranks an extra (N_neg, B) scoring.
 
-    ``global_rows`` (B,) bool: this rank's pairs the global InfoNCE and the distillation learn from (``_loss``).
-
     Limits: equal local batch sizes; dropout draws differ from a single process (each rank its own masks).
     """
     from mmgeo.training.distributed import rank_and_world
 
     if rank_and_world()[1] == 1:
         neg = None if negatives is None or len(negatives) == 0 else model.logits(negatives, image)  # (N_neg, B)
-        return retrieval_loss(model.logits(text, image), global_weight, neg, distill_weight, positives, edits,
-                              global_rows)
-    out = _distributed_loss(model, text, image, global_weight, local_loss, negatives, distill_weight, positives,
-                            global_rows)
+        return retrieval_loss(model.logits(text, image), global_weight, neg, distill_weight, positives, edits)
+    out = _distributed_loss(model, text, image, global_weight, local_loss, negatives, distill_weight, positives)
     local_neg = model.logits(negatives, image) if edits is not None and (edits.negative_weight or edits.edit_weight) \
         and negatives is not None and len(negatives) else None  # (N_neg, B) this rank's edits vs its images
     return with_edit_queries(out, local_neg, edits, global_weight)
 
 
-def _distributed_loss(model, text, image, global_weight, local_loss, negatives, distill_weight, positives,
-                      global_rows=None) -> dict:
+def _distributed_loss(model, text, image, global_weight, local_loss, negatives, distill_weight, positives) -> dict:
     """``contrastive_loss`` on several ranks, without the edits-as-queries terms."""
     from mmgeo.training.distributed import (
         all_gather_no_grad,
@@ -234,11 +209,10 @@ def _distributed_loss(model, text, image, global_weight, local_loss, negatives, 
         gather_embedding,
         gather_ragged,
         global_max,
-        global_sum,
         rank_and_world,
     )
 
-    rank, world = rank_and_world()
+    rank = rank_and_world()[0]
     B = len(text)
     check_equal_batches(B, text.pooled.device)
     all_text, all_image = gather_embedding(text), gather_embedding(image)  # (W·B, ...)
@@ -248,17 +222,11 @@ def _distributed_loss(model, text, image, global_weight, local_loss, negatives, 
         neg = model.logits(all_neg, all_image) if has_neg else None  # (Σ N_neg, W·B)
         blocks = None if positives is None else torch.block_diag(
             *all_gather_no_grad(positives.unsqueeze(0).to(torch.uint8)).bool())  # (W·B, W·B): pairs within a rank
-        all_rows = None if global_rows is None else all_gather_no_grad(global_rows.to(torch.uint8)).bool()  # (W·B,)
-        return retrieval_loss(model.logits(all_text, all_image), global_weight, neg, distill_weight, blocks,
-                              global_rows=all_rows)
+        return retrieval_loss(model.logits(all_text, all_image), global_weight, neg, distill_weight, blocks)
     text_side = model.logits(text, all_image)  # each (B, W·B): local captions vs all images
     image_side = model.logits(all_text, image)  # each (W·B, B): all captions vs local images
     if has_neg:
         neg = model.logits(all_neg, image)  # (Σ N_neg, B): every negative vs local images
         image_side = {k: torch.cat([v, neg[k]]) for k, v in image_side.items()}
-    share = 1.0
-    if global_rows is not None:  # this rank's rows over every rank's, × W: the mean over ranks weighs rows alike
-        total = global_sum(int(global_rows.sum()), text.pooled.device)
-        share = world * int(global_rows.sum()) / total if total else 0.0
     return _loss(text_side, {k: v.T for k, v in image_side.items()}, global_weight, distill_weight, offset=rank * B,
-                 positives=positives, global_rows=global_rows, rows_share=share)
+                 positives=positives)

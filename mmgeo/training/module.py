@@ -70,8 +70,7 @@ class RetrievalModule(L.LightningModule):
         losses = contrastive_loss(self.model, text[:B], image, self.cfg.loss.global_weight, self.cfg.loss.local_loss,
                                   negatives, self.cfg.loss.distill_weight,
                                   true_captions(batch, self.cfg.data),
-                                  edit_queries(batch, self.cfg.loss),
-                                  None if self.cfg.loss.colorless_global else ~batch["colorless"])
+                                  edit_queries(batch, self.cfg.loss))
         if self.cfg.aids.ortho_weight > 0 and self.model.geometric:
             losses["ortho"] = sum(orthogonality_penalty(w) for w in self.model.qk_maps().values())
             losses["loss"] = losses["loss"] + self.cfg.aids.ortho_weight * losses["ortho"]

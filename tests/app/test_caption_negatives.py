@@ -213,10 +213,6 @@ def test_colorless_sub_captions_drop_the_colour_words_of_that_share_of_sub_capti
     wholes = [it["pairs"][0][1] for it in items if not it["partial"][0]]
     assert wholes and all(colored(c) for c in wholes)  # a whole caption keeps its colours
     assert 0 < sum(not colored(c) for c in subs) < len(subs)
-    # each item says which of its captions lost their colours, and the batch carries it for the loss
-    assert [it["colorless"][0] for it in items] == [it["partial"][0] and not colored(it["pairs"][0][1]) for it in items]
-    batch = Collate(lambda texts: {"texts": texts})(items[:8])
-    assert batch["colorless"].tolist() == [it["colorless"][0] for it in items[:8]]
     assert all(colored(it["pairs"][0][1]) for i in range(60) for it in [make(0.0)[(i, 0, 0)]])
     with pytest.raises(ValueError, match="colorless_sub_captions"):
         make(1.5)
@@ -266,26 +262,3 @@ def test_captions_with_a_phrase_left_out_are_image_side_negatives_only():
     plain = CaptionPairs(world, lambda im: torch.zeros(3, 32, 32), seed=0, caption_negatives=2)
     assert [plain[(i, 0, 0)]["pairs"][0][2] for i in range(24)] == [  # off: the same draws as before
         [n for n, f in zip(it["pairs"][0][2], it["fewer"][0]) if not f] for it in items]
-
-
-@pytest.mark.parametrize("colorless_global", [True, False])
-def test_colorless_sub_captions_reach_the_global_loss_only_when_asked(tmp_path, monkeypatch, colorless_global):
-    """loss.colorless_global false: the loss gets the batch's non-colourless pairs as its global rows; true (the
-    default): no rows, every pair trains the global score."""
-    import mmgeo.training.module as module
-
-    seen, real = [], module.contrastive_loss
-
-    def spy(*args, **kwargs):
-        seen.append(args[9] if len(args) > 9 else kwargs.get("global_rows"))
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(module, "contrastive_loss", spy)
-    _train(tmp_path, steps=2, extra=["--data.partial_captions", "1.0", "--data.colorless_sub_captions", "0.5",
-                                     "--loss.colorless_global", str(colorless_global).lower()])
-    assert len(seen) == 2
-    if colorless_global:
-        assert all(rows is None for rows in seen)
-    else:
-        rows = torch.cat(seen)
-        assert rows.dtype == torch.bool and len(rows) == 16 and 0 < int(rows.sum()) < 16

@@ -1,8 +1,7 @@
 """Cross-rank contrastive loss: 2-process DDP on CPU (gloo) equals one process on the concatenated batch.
 
 Loss and gradients to 1e-5, global and geometric score, with and without local loss, with and without
-true-caption pairs left out of the negatives, and with the global InfoNCE and the distillation over some pairs only
-(``global_rows``).
+true-caption pairs left out of the negatives.
 One spawn runs every case (process start-up dominates); dropout is off (eval mode) since each rank would
 draw its own masks. A control case without the cross-rank gather must *differ*, so the comparison can fail.
 """
@@ -20,9 +19,7 @@ from tests.conftest import TINY
 WORLD, PER_RANK = 2, 4
 CASES = [("geo", False), ("geo", True), ("clip", False), ("clip", True)]
 MASKED = [("geo", False), ("geo", True)]  # with true-caption pairs left out of the negatives
-ROWS = [("geo", False), ("geo", True)]  # with global_rows and the distillation
-RUNS = [(*c, False, False) for c in CASES] + [(*c, True, False) for c in MASKED] + [(*c, False, True) for c in ROWS]
-# (model, local loss, masked, rows)
+RUNS = [(*c, False) for c in CASES] + [(*c, True) for c in MASKED]  # (model, local loss, masked)
 
 
 def _positives(rank: int) -> torch.Tensor:
@@ -30,11 +27,6 @@ def _positives(rank: int) -> torch.Tensor:
     out = torch.zeros(PER_RANK, PER_RANK, dtype=torch.bool)
     out[(0, 1) if rank == 0 else (2, 0)] = True
     return out
-
-
-def _rows(rank: int) -> torch.Tensor:
-    """(PER_RANK,): the pairs the global InfoNCE and the distillation learn from, different on each rank."""
-    return torch.tensor([True, False, True, True] if rank == 0 else [False, True, True, False])
 
 
 def _batch():
@@ -61,9 +53,9 @@ def _loss_and_grads(model, texts, pixels, loss_fn):
 class _Step(torch.nn.Module):
     """What Lightning wraps in DDP: a module whose forward is the whole training step."""
 
-    def __init__(self, model, local_loss, gather=True, positives=None, rows=None):
+    def __init__(self, model, local_loss, gather=True, positives=None):
         super().__init__()
-        self.model, self.local_loss, self.gather, self.positives, self.rows = model, local_loss, gather, positives, rows
+        self.model, self.local_loss, self.gather, self.positives = model, local_loss, gather, positives
 
     def forward(self, input_ids, attention_mask, pixels):
         from mmgeo.training.losses import contrastive_loss, retrieval_loss
@@ -71,8 +63,7 @@ class _Step(torch.nn.Module):
         text, image = self.model(input_ids, attention_mask, pixels)
         if not self.gather:  # the naive DDP loss: each rank's own slice only
             return retrieval_loss(self.model.logits(text, image))
-        return contrastive_loss(self.model, text, image, local_loss=self.local_loss, positives=self.positives,
-                                distill_weight=0.0 if self.rows is None else 1.0, global_rows=self.rows)
+        return contrastive_loss(self.model, text, image, local_loss=self.local_loss, positives=self.positives)
 
 
 def _worker(rank: int, tmp: str):
@@ -86,10 +77,10 @@ def _worker(rank: int, tmp: str):
     images, texts = _batch()
     sl = slice(rank * PER_RANK, (rank + 1) * PER_RANK)
     out = {}
-    for name, local, masked, rows in RUNS + [("control", False, False, False)]:
+    for name, local, masked in RUNS + [("control", False, False)]:
         gather = name != "control"  # control: the naive loss without the cross-rank gather
         model = mmgeo.load_model(f"{tmp}/{'geo' if name == 'control' else name}.pt")  # eval mode: no dropout
-        step = DDP(_Step(model, local, gather, _positives(rank) if masked else None, _rows(rank) if rows else None))
+        step = DDP(_Step(model, local, gather, _positives(rank) if masked else None))
         step.zero_grad(set_to_none=True)
         tok = model.tokenize(texts[sl])
         pixels = torch.stack([model.preprocess(im) for im in images[sl]])
@@ -98,11 +89,11 @@ def _worker(rank: int, tmp: str):
         for v in losses.values():  # the logged loss: mean over ranks (equal anyway without local loss)
             dist.all_reduce(v.detach_(), op=dist.ReduceOp.AVG)
         grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-        out[(name, local, masked, rows)] = ({k: v for k, v in losses.items()}, grads, tok["input_ids"].shape[1])
+        out[(name, local, masked)] = ({k: v for k, v in losses.items()}, grads, tok["input_ids"].shape[1])
     if rank == 0:
         torch.save(out, f"{tmp}/rank0.pt")
     else:
-        torch.save({"lengths": {c: out[(*c, False, False)][2] for c in CASES}}, f"{tmp}/rank1.pt")
+        torch.save({"lengths": {c: out[(*c, False)][2] for c in CASES}}, f"{tmp}/rank1.pt")
     dist.barrier()  # neither rank tears gloo down while the other still writes
     dist.destroy_process_group()
 
@@ -120,7 +111,7 @@ def ddp_results(tmp_path_factory):
     return tmp, torch.load(tmp / "rank0.pt", weights_only=False), torch.load(tmp / "rank1.pt", weights_only=False)
 
 
-def _single(tmp, name, masked=False, rows=False):
+def _single(tmp, name, masked=False):
     import mmgeo
     from mmgeo.training.losses import retrieval_loss
 
@@ -128,26 +119,19 @@ def _single(tmp, name, masked=False, rows=False):
     images, texts = _batch()
     pixels = torch.stack([model.preprocess(im) for im in images])
     positives = torch.block_diag(*(_positives(r) for r in range(WORLD))) if masked else None  # (W·B, W·B)
-    global_rows = torch.cat([_rows(r) for r in range(WORLD)]) if rows else None  # (W·B,)
-    return _loss_and_grads(model, texts, pixels, lambda t, i: retrieval_loss(
-        model.logits(t, i), positives=positives, distill_weight=1.0 if rows else 0.0, global_rows=global_rows))
+    return _loss_and_grads(model, texts, pixels, lambda t, i: retrieval_loss(model.logits(t, i), positives=positives))
 
 
-@pytest.mark.parametrize("name,local,masked,rows", RUNS,
-                         ids=[f"{n}-{'local' if lo else 'full'}{'-masked' if m else ''}{'-rows' if r else ''}"
-                              for n, lo, m, r in RUNS])
-def test_two_process_ddp_equals_single_process(ddp_results, name, local, masked, rows):
+@pytest.mark.parametrize("name,local,masked", RUNS,
+                         ids=[f"{n}-{'local' if lo else 'full'}{'-masked' if m else ''}" for n, lo, m in RUNS])
+def test_two_process_ddp_equals_single_process(ddp_results, name, local, masked):
     tmp, rank0, rank1 = ddp_results
-    losses, grads, len0 = rank0[(name, local, masked, rows)]
+    losses, grads, len0 = rank0[(name, local, masked)]
     assert len0 != rank1["lengths"][(name, local)], "ranks should tokenize to different lengths (padding path)"
-    ref_losses, ref_grads = _single(tmp, name, masked, rows)
+    ref_losses, ref_grads = _single(tmp, name, masked)
     if masked:  # the mask changes the loss, so the comparison can fail
         assert not torch.allclose(ref_losses["loss"], _single(tmp, name)[0]["loss"], rtol=1e-4, atol=1e-4)
-    if rows:  # so do the rows
-        every = _single(tmp, name)[0]["loss_global"]
-        assert not torch.allclose(ref_losses["loss_global"], every, rtol=1e-4, atol=1e-4)
-    expect_terms = {"loss", "loss_global"} | ({"loss_geometric"} if name == "geo" else set()) | (
-        {"loss_distill"} if rows else set())
+    expect_terms = {"loss", "loss_global"} | ({"loss_geometric"} if name == "geo" else set())
     assert set(losses) == set(ref_losses) == expect_terms
     for k in ref_losses:
         torch.testing.assert_close(losses[k], ref_losses[k], rtol=1e-5, atol=1e-5, msg=f"{k} differs")
@@ -162,7 +146,7 @@ def test_two_process_ddp_equals_single_process(ddp_results, name, local, masked,
 def test_without_gather_gradients_differ(ddp_results):
     """The control: per-rank loss on the local slice only is not the global-batch loss."""
     tmp, rank0, _ = ddp_results
-    losses, grads, _ = rank0[("control", False, False, False)]
+    losses, grads, _ = rank0[("control", False, False)]
     ref_losses, ref_grads = _single(tmp, "geo")
     assert not torch.allclose(losses["loss"], ref_losses["loss"], rtol=1e-3, atol=1e-3)
     assert any(not torch.allclose(grads[n], ref_grads[n], rtol=1e-3, atol=1e-4) for n in ref_grads)

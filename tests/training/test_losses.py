@@ -82,37 +82,6 @@ def test_distillation_is_the_kl_from_the_geometric_to_the_global_softmax():
     assert "loss_distill" not in retrieval_loss({"geometric": geo, "global": glob})  # off by default
 
 
-def test_global_rows_leave_the_geometric_term_and_limit_the_global_one_and_the_distillation():
-    """loss.colorless_global false: pairs outside ``global_rows`` (colourless sub-captions) add no cross-entropy
-    row to the global InfoNCE and no row to the distillation; their captions stay the other images' negatives;
-    the geometric term is as before. All rows = no rows given; no row = zero, with a gradient."""
-    g = torch.Generator().manual_seed(5)
-    logits = {k: torch.randn(4, 4, generator=g, requires_grad=True) for k in ("geometric", "global")}
-    neg = {k: torch.randn(3, 4, generator=g) for k in logits}
-    rows = torch.tensor([True, False, True, False])
-    out = retrieval_loss(logits, negative_logits=neg, distill_weight=1.0, global_rows=rows)
-    plain = retrieval_loss(logits, negative_logits=neg, distill_weight=1.0)
-    torch.testing.assert_close(out["loss_geometric"], plain["loss_geometric"])
-    target = torch.arange(4)
-    side = {k: torch.cat([v, neg[k]]).T for k, v in logits.items()}  # (B, B + N_neg): images against captions
-    expect = 0.5 * (F.cross_entropy(logits["global"][rows], target[rows]) +
-                    F.cross_entropy(side["global"][rows], target[rows]))
-    torch.testing.assert_close(out["loss_global"], expect)
-
-    def kl(teacher, student):
-        p = teacher.softmax(1)
-        return (p * (p.log() - student.log_softmax(1))).sum(1).mean()
-
-    torch.testing.assert_close(out["loss_distill"], 0.5 * (kl(logits["geometric"][rows], logits["global"][rows]) +
-                                                         kl(side["geometric"][rows], side["global"][rows])))
-    every = retrieval_loss(logits, negative_logits=neg, distill_weight=1.0, global_rows=torch.ones(4, dtype=bool))
-    torch.testing.assert_close(every["loss"], plain["loss"])
-    none = retrieval_loss(logits, negative_logits=neg, distill_weight=1.0, global_rows=torch.zeros(4, dtype=bool))
-    assert float(none["loss_global"]) == 0.0 and float(none["loss_distill"]) == 0.0
-    none["loss"].backward()
-    assert torch.isfinite(logits["global"].grad).all()
-
-
 def test_distillation_vanishes_when_the_two_scores_agree():
     from mmgeo.training.losses import distillation
 
