@@ -31,8 +31,8 @@ UNIFORM_FRACTION = 0.95  # entropy above this fraction of ln S = near-uniform
 MIN_RANK_FRACTION = 0.25  # effective rank below this fraction of the full rank = collinear Q/K weights
 REDUNDANT_HEADS = 0.9  # cosine between two heads' (centred) attention maps above this = heads alike
 LOGIT_LIMIT = 200.0  # |scale·<q, k>| above this = logit explosion, the NaN precursor. Healthy runs learn sharp
-# attention and level off at 40-75 (the highest peak measured: 104, at twice the default learning rate; docs/design.md
-# §8); an explosion grows by orders of magnitude, toward fp16's overflow (65,504)
+# attention and level off at 40-75 (the highest peak measured: 104, at twice the default learning rate;
+# docs/design.md §8); an explosion grows by orders of magnitude, toward fp16's overflow (65,504)
 
 
 def orthogonality_penalty(w: torch.Tensor) -> torch.Tensor:
