@@ -49,8 +49,9 @@ def test_evaluation_exact_and_served_on_a_tiny_model(tmp_path):
             assert 0 <= r["P@1"] <= 1 and 0 <= r["mAP"] <= 1
             assert r["wrong_first_hits"] == round(12 * (1 - r["P@1"]))
             assert r["own@1"] <= r["P@1"]  # a query's own image is always one it is true of
-        # a served first hit that is relevant came through the first stage (a flat index: the exact global top K')
-        assert record[kind]["served"]["P@1"] <= record[kind]["served"]["relevant_in_first_stage"]
+        # a served first hit that is relevant came through the first stage (a flat index: the exact global top K';
+        # FAISS and torch may order one near-tie at the K' boundary differently)
+        assert record[kind]["served"]["P@1"] <= record[kind]["served"]["relevant_in_first_stage"] + 1.01 / 12
         assert record[kind]["relevant_per_query"]["min"] >= 1
     table = format_table(record)
     assert "one_object" in table and "full_caption" in table and "served" in table and "own@1" in table
