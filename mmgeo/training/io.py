@@ -1,9 +1,10 @@
 """What a run writes and reads back: atomic step checkpoints, the metrics log that survives a resume, and the
-newest checkpoint of a run folder."""
+newest checkpoint of a run folder; and what Lightning prints that says nothing about the run."""
 
 from __future__ import annotations
 
 import csv
+import logging
 import warnings
 from pathlib import Path
 
@@ -64,3 +65,20 @@ def latest_checkpoint(run_dir: Path) -> Path:
 def checkpoint_step(path: Path) -> int:
     """The global step a Lightning checkpoint was written at (read lazily: the weights stay on disk)."""
     return torch.load(path, "cpu", weights_only=True, mmap=True)["global_step"]
+
+
+class _NoAdvert(logging.Filter):
+    """Drops Lightning's tip to install its cloud logger (printed at every Trainer start)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "litlogger" not in record.getMessage()
+
+
+def quiet_lightning() -> None:
+    """Silence two lines Lightning prints at every run that say nothing about it: the tip to install
+    ``litlogger`` and the deprecation of ``isinstance(treespec, LeafSpec)`` inside Lightning's own ``_pytree``
+    (torch's change, not ours to act on). Lightning's other messages (devices, warnings about the run) stay."""
+    log = logging.getLogger("lightning.pytorch.utilities.rank_zero")  # where rank_zero_info logs
+    if not any(isinstance(f, _NoAdvert) for f in log.filters):
+        log.addFilter(_NoAdvert())
+    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")

@@ -33,7 +33,7 @@ from mmgeo.data.shard_stream import ShardLoader, ShardPairs, ShardSource
 from mmgeo.models.checkpoint import load_model, load_weights, save_model
 from mmgeo.training.callbacks import AttentionDiagnostics, ShardProgress, SkippedReport, ValidationRecall
 from mmgeo.training.config import TrainConfig, load_train_config
-from mmgeo.training.io import AtomicCheckpointIO, RunCSVLogger, checkpoint_step, latest_checkpoint
+from mmgeo.training.io import AtomicCheckpointIO, RunCSVLogger, checkpoint_step, latest_checkpoint, quiet_lightning
 from mmgeo.training.module import NonFiniteTraining, RetrievalModule
 
 # What a training run writes in its folder (hparams.yaml: Lightning's CSV logger, when hyperparameters are logged);
@@ -115,6 +115,7 @@ def build_trainer(cfg: TrainConfig, callbacks: list, resume_step: int | None = N
     """The Lightning Trainer of the config: our data order (no distributed sampler), atomic checkpoints, and a
     metrics log that keeps the rows before ``resume_step``."""
     t = cfg.trainer
+    quiet_lightning()
     return L.Trainer(max_steps=t.max_steps, accelerator=t.accelerator, devices=t.devices, num_nodes=t.num_nodes,
                      strategy=t.strategy, precision=t.precision, use_distributed_sampler=False,
                      plugins=[AtomicCheckpointIO()], enable_checkpointing=bool(t.checkpoint_every_n_steps),

@@ -22,3 +22,32 @@ def test_atomic_checkpoint_round_trip(tmp_path):
     assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temp file left behind
     back = io.load_checkpoint(path)
     assert back["global_step"] == checkpoint_step(path) == 3 and torch.equal(back["w"], torch.arange(4.0))
+
+
+def test_a_trainer_starts_without_lightnings_advert_or_its_own_deprecation(tmp_path):
+    """build_trainer silences the litlogger tip and the LeafSpec deprecation; Lightning's other lines stay."""
+    import logging
+    import warnings
+
+    from mmgeo.training.config import load_train_config
+    from mmgeo.training.loop import build_trainer
+
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = logging.getLogger("lightning.pytorch")
+    logger.addHandler(handler)
+    try:
+        cfg = load_train_config("configs/synthetic.yaml")
+        cfg.out_dir = str(tmp_path)
+        build_trainer(cfg, [])
+    finally:
+        logger.removeHandler(handler)
+    said = [r.getMessage() for r in records]
+    assert any("GPU available" in m for m in said)  # what Lightning says about the run is kept
+    assert not any("litlogger" in m for m in said)
+    with warnings.catch_warnings(record=True) as caught:  # the filters build_trainer set, kept
+        warnings.warn("`isinstance(treespec, LeafSpec)` is deprecated, use `isinstance(treespec, TreeSpec)`",
+                      FutureWarning, stacklevel=1)
+        warnings.warn("a warning about the run", UserWarning, stacklevel=1)
+    assert [str(w.message) for w in caught] == ["a warning about the run"]
