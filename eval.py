@@ -33,7 +33,8 @@ under "compositional" —
 on the shapes world (negatives generated from, and checked against, the scene) or on SugarCREPE.
 
 --suite partial (also in all) asks what people type: queries naming one or two objects of a shapes-world scene,
-each scored against every image it is true of (P@1, P@5, nDCG@10, mAP; mmgeo.eval.partial), ranked exactly by the
+and relations and counts typed outside the training grammar ("a big blue triangle below a small red square"), each
+scored against every image it is true of (P@1, P@5, nDCG@10, mAP; mmgeo.eval.partial), ranked exactly by the
 geometric and by the global score, and served (two-stage) over --index or a temporary gallery in two-stage mode;
 the split's own full captions are scored the same way, with own@1 (their own image first: R@1) beside P@1.
 """
@@ -279,9 +280,9 @@ def print_partial(record: dict) -> None:
 
     served = f"; served = two-stage, K'={record['k_prime']}" if record["k_prime"] else ""
     n = record["queries"]
-    print(f"\npartial queries: {n} naming one object, {n} naming two, and {n} of the split's full captions, over "
-          f"{record['images']} images; relevant = every image the query is true of; own@1 = the first hit is the "
-          f"image the query was drawn from{served}")
+    print(f"\npartial queries: {n} naming one object, {n} naming two, {n} typed relations, {n} typed counts and {n} "
+          f"of the split's full captions, over {record['images']} images; relevant = every image the query is true "
+          f"of; own@1 = the first hit is the image the query was drawn from{served}")
     print(partial_table(record))
 
 
@@ -306,7 +307,8 @@ def main(argv: list[str] | None = None) -> dict:
                         "type (docs/design.md §9); partial: queries naming one or two objects, P@1 / P@5 / "
                         "nDCG@10 / mAP against every image they are true of (synthetic); all: every suite")
     p.add_argument("--partial-queries", type=int, default=300, metavar="N",
-                   help="partial suite: N one-object and N two-object queries, and N full captions")
+                   help="partial suite: N queries of each kind (one object, two objects, typed relation, typed count, "
+                        "full caption)")
     p.add_argument("--suite-limit", type=int, default=None,
                    help="compositional suite on the shapes world: only the first N images (default: --limit / all)")
     p.add_argument("--data-format", default=None, choices=["hf", "karpathy", "csv"],

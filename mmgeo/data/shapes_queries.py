@@ -10,8 +10,16 @@ mentioned object, that hold every stated attribute. Other objects of the image m
 ``caption_queries`` draws the world's own full captions as queries the same way: a caption with no count word
 is as true of an image that holds its objects and more, so its relevant set may hold more than its own image.
 
-Limits: partial queries state cells, not relations between objects (full captions may); a query's relevant set
-comes from the scene graph, which is what makes it an evaluation and never a training signal.
+``relation_queries`` and ``count_queries`` write what people type outside the training grammar, with no cells:
+"a big blue triangle below a small red square" (two objects of a scene and where one lies from the other) and
+"two shapes: a big green circle and a small purple square" (every object of a scene and how many there are). The
+grammar writes a relation as "... with X below it" and a count with every object's cell, so these ask whether the
+model reads the words rather than the grammar's word order. A typed relation is read as people mean it: "below"
+states the row only (the object lies in a lower row, any column), "below and to the left of" both row and column;
+its relevant set comes from the query's mentions (``satisfies_typed``), not from a parse of its text.
+
+Limits: a query's relevant set comes from the scene graph, which is what makes it an evaluation and never a
+training signal.
 """
 
 from __future__ import annotations
@@ -21,18 +29,35 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mmgeo.data.shapes import CELL_PHRASES, SIZE_WORDS, ShapeObject
-from mmgeo.data.shapes_grammar import CELL_OF_PHRASE, Mention, ParsedCaption, align, holds, parse
+from mmgeo.data.shapes import CELL_PHRASES, COUNT_WORDS, SIZE_WORDS, ShapeObject
+from mmgeo.data.shapes_grammar import (
+    CELL_OF_PHRASE,
+    RELATIONS,
+    Mention,
+    ParsedCaption,
+    align,
+    holds,
+    parse,
+    relation_words,
+)
 
 QUERY_TEMPLATES = ("list", "there_is", "where_first")  # the grammar's templates a partial query may take
-ATTRIBUTES = ("size", "color", "shape", "cell")  # what a mention states about its object
+MENTION_ATTRIBUTES = ("size", "color", "shape", "cell")  # what a mention states about its object
+ATTRIBUTES = MENTION_ATTRIBUTES + ("relation", "count")  # what a wrong hit may get wrong (the last two: typed queries)
+# typed relation words -> (sign of the row difference, sign of the column difference), None where the words say
+# nothing: people's "below" is any lower row, the grammar's "below it" the same column
+LOOSE_RELATIONS = {words: (dv or None, dh or None) for words, (dv, dh) in RELATIONS.items()}
 
 
 @dataclass(frozen=True)
 class PartialQuery:
     text: str  # the query as a user would type it
     source: int  # the image it was drawn from (one of its relevant images)
-    mentions: tuple[Mention, ...]  # the objects it names, each with a cell phrase
+    mentions: tuple[Mention, ...]  # the objects it names, each with a cell phrase (typed: none, or a relation to
+    # the first mention)
+    typed: bool = False  # written as people type it, outside the grammar: relevance from the mentions
+    # (``satisfies_typed``), not from a parse of ``text``
+    count: int | None = None  # typed count queries: how many objects the text says the image holds
 
 
 def _mention(obj: ShapeObject, rng: np.random.Generator) -> Mention:
@@ -62,6 +87,82 @@ def make_queries(world, n: int, n_objects: int, seed: int = 0) -> list[PartialQu
         template = QUERY_TEMPLATES[rng.integers(len(QUERY_TEMPLATES))]
         mentions = tuple(_mention(o, rng) for o in objs)
         out.append(PartialQuery(ParsedCaption(template, mentions).render(), idx, mentions))
+
+
+def _typed_mention(obj: ShapeObject, rng: np.random.Generator, relation: str | None = None) -> Mention:
+    return Mention(SIZE_WORDS[obj.size][rng.integers(2)], obj.color, obj.shape, relation=relation)
+
+
+def relation_queries(world, n: int, seed: int = 0) -> list[PartialQuery]:
+    """``n`` typed relation queries: "{object} {relation} {anchor}" for two objects of random scenes of ``world``
+    (the relation in the grammar's words, e.g. "above and to the left of"); the mentions are (anchor, object).
+
+    Deterministic in (seed, query number); one-object scenes are passed over."""
+    out = []
+    for q in itertools.count():
+        if len(out) == n:
+            return out
+        if q > 50 * n + 100:
+            raise ValueError(f"could not draw {n} relation queries from {len(world)} images")
+        rng = np.random.default_rng([seed, 3, q])  # 3: this kind's stream (1, 2: make_queries, 0: caption_queries)
+        idx = int(rng.integers(len(world)))
+        scene = world.scene(idx)
+        if len(scene) < 2:
+            continue
+        obj, anchor = (scene[i] for i in rng.choice(len(scene), size=2, replace=False))
+        words = relation_words(obj, anchor)
+        mentions = (_typed_mention(anchor, rng), _typed_mention(obj, rng, relation=words))
+        out.append(PartialQuery(f"{mentions[1].noun} {words} {mentions[0].noun}", idx, mentions, typed=True))
+
+
+def count_queries(world, n: int, seed: int = 0) -> list[PartialQuery]:
+    """``n`` typed count queries: "two shapes: {object} and {object}", every object of a random scene of ``world``
+    in random order, no cells. Deterministic in (seed, query number)."""
+    out = []
+    for q in range(n):
+        rng = np.random.default_rng([seed, 4, q])  # 4: this kind's stream
+        idx = int(rng.integers(len(world)))
+        scene = world.scene(idx)
+        mentions = tuple(_typed_mention(scene[i], rng) for i in rng.permutation(len(scene)))
+        nouns = [m.noun for m in mentions]
+        body = nouns[0] if len(nouns) == 1 else ", ".join(nouns[:-1]) + " and " + nouns[-1]
+        head = f"{COUNT_WORDS[len(scene) - 1]} {'shape' if len(scene) == 1 else 'shapes'}"
+        out.append(PartialQuery(f"{head}: {body}", idx, mentions, typed=True, count=len(scene)))
+    return out
+
+
+def _same_object(m: Mention, obj: ShapeObject) -> bool:
+    return (m.size, m.color, m.shape) == (obj.size, obj.color, obj.shape)
+
+
+def _lies(words: str, obj: ShapeObject, anchor: ShapeObject) -> bool:
+    """Whether ``obj`` lies ``words`` (a typed relation, ``LOOSE_RELATIONS``) from ``anchor``."""
+    return all(s is None or s == np.sign(d) for s, d in
+               zip(LOOSE_RELATIONS[words], (obj.cell[0] - anchor.cell[0], obj.cell[1] - anchor.cell[1])))
+
+
+def satisfies_typed(query: PartialQuery, scene: list[ShapeObject]) -> bool:
+    """Whether a typed query is true of ``scene``: distinct objects, one per mention, of the stated size, colour
+    and shape, each relation holding from the first mention's object (``LOOSE_RELATIONS``), and the scene holding
+    exactly ``query.count`` objects when the query states a count."""
+    if query.count is not None and len(scene) != query.count:
+        return False
+    if not all(any(_same_object(m, o) for o in scene) for m in query.mentions):
+        return False
+    for perm in itertools.permutations(range(len(scene)), len(query.mentions)):
+        objs = [scene[j] for j in perm]
+        if all(_same_object(m, o) and (m.relation is None or _lies(m.relation, o, objs[0]))
+               for m, o in zip(query.mentions, objs)):
+            return True
+    return False
+
+
+def query_images(query: PartialQuery, scenes: list[list[ShapeObject]]) -> np.ndarray:
+    """Indices of every scene ``query`` is true of, ascending: ``satisfies_typed`` for a typed query, else
+    ``true_images`` of its text."""
+    if not query.typed:
+        return true_images(query.text, scenes)
+    return np.array([i for i, s in enumerate(scenes) if satisfies_typed(query, s)], dtype=np.int64)
 
 
 def satisfies(parsed: ParsedCaption, scene: list[ShapeObject]) -> bool:
@@ -111,15 +212,28 @@ def caption_queries(world, n: int, seed: int = 0) -> list[PartialQuery]:
 
 def wrong_values(query: PartialQuery, scene: list[ShapeObject]) -> dict[str, set[tuple]]:
     """What a wrong hit gets wrong, with values: for each mention, the scene's closest object (most attributes
-    right; ties: the first in the scene) and each attribute (``ATTRIBUTES``) it differs in -> {attribute:
-    {(asked, got), ...}}; empty for a hit that holds every mention's object."""
+    right; ties: the first in the scene) and each attribute (``MENTION_ATTRIBUTES``) it differs in -> {attribute:
+    {(asked, got), ...}}. A typed query whose closest objects are all right has the count wrong ({"count":
+    {(asked, objects in the scene)}}) or a relation ({"relation": {(asked, where it lies: the grammar's words, or
+    "the same object")}}). Empty for a hit that holds every mention's object (and, typed, the query is true of)."""
     wrong: dict[str, set[tuple]] = {}
-    for m in query.mentions:  # a mention placed by a relation has no cell to get wrong
+    closest = []
+    for m in query.mentions:  # a mention placed by a relation, or typed, has no cell to get wrong
         want = (m.size, m.color, m.shape, CELL_OF_PHRASE[m.where] if m.where is not None else None)
-        misses = [{a: (w, h) for a, w, h in zip(ATTRIBUTES, want, (o.size, o.color, o.shape, o.cell))
+        misses = [{a: (w, h) for a, w, h in zip(MENTION_ATTRIBUTES, want, (o.size, o.color, o.shape, o.cell))
                    if w is not None and w != h} for o in scene]
-        for a, pair in min(misses, key=len).items():
+        best = min(range(len(scene)), key=lambda j: len(misses[j]))
+        closest.append(scene[best])
+        for a, pair in misses[best].items():
             wrong.setdefault(a, set()).add(pair)
+    if wrong or not query.typed or satisfies_typed(query, scene):
+        return wrong
+    if query.count is not None and len(scene) != query.count:
+        return {"count": {(query.count, len(scene))}}
+    for m, obj in zip(query.mentions[1:], closest[1:]):
+        if m.relation is not None and not _lies(m.relation, obj, closest[0]):
+            got = relation_words(obj, closest[0]) if obj is not closest[0] else "the same object"
+            wrong.setdefault("relation", set()).add((m.relation, got))
     return wrong
 
 

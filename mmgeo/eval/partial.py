@@ -3,10 +3,12 @@
 Full-caption R@K hides this: every caption of the shapes world names every object, so any part of it identifies
 its image. Here each query (``mmgeo.data.shapes_queries``) has a relevant *set* — every image of the split the
 query is true of — and a ranking is scored as a search engine is: P@1, P@5, nDCG@10 (binary gains) and mean
-average precision, plus what wrong first hits get wrong (size, colour, shape, cell). The world's own captions are
-scored the same way ("full_caption"): one with no count word is as true of an image that holds its objects and
-more, which R@1 (one relevant image) counts wrong; "own@1" (the query's own image first) beside P@1 shows how much
-of R@1's miss is that.
+average precision, plus what wrong first hits get wrong (size, colour, shape, cell; typed queries also relation
+and count). Two kinds are typed as people write them, outside the training grammar: "relation" ("a big blue
+triangle below a small red square") and "count" ("two shapes: a big green circle and a small purple square"). The
+world's own captions are scored the same way ("full_caption"): one with no count word is as true of an image that
+holds its objects and more, which R@1 (one relevant image) counts wrong; "own@1" (the query's own image first)
+beside P@1 shows how much of R@1's miss is that.
 
 Rankings come from exact scores over the whole split (geometric or global) or from the service's two-stage
 search (``mmgeo.search.two_stage.search_texts``: FAISS top-K' by the global vector, geometric re-rank), where
@@ -20,10 +22,24 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from mmgeo.data.shapes_queries import ATTRIBUTES, PartialQuery, caption_queries, make_queries, true_images, wrong_values
+from mmgeo.data.shapes_queries import (
+    ATTRIBUTES,
+    PartialQuery,
+    caption_queries,
+    count_queries,
+    make_queries,
+    query_images,
+    relation_queries,
+    wrong_values,
+)
 
-QUERY_KINDS = {"one_object": 1, "two_object": 2, "full_caption": None}  # JSON key -> objects a query names (None:
-# the world's own captions, all their objects)
+QUERY_KINDS = {  # JSON key -> how its queries are drawn (mmgeo.data.shapes_queries)
+    "one_object": lambda world, n, seed: make_queries(world, n, 1, seed),  # one object, its cell
+    "two_object": lambda world, n, seed: make_queries(world, n, 2, seed),  # two objects, their cells
+    "relation": relation_queries,  # typed: "X below Y", no cells
+    "count": count_queries,  # typed: "two shapes: X and Y", no cells
+    "full_caption": caption_queries,  # the world's own captions
+}
 METRICS = ("P@1", "P@5", "nDCG@10", "mAP")
 
 
@@ -92,9 +108,9 @@ def make_query_sets(world, n: int, seed: int = 0,
     (``scenes``: the world's scenes when already read)."""
     scenes = scenes if scenes is not None else [world.scene(i) for i in range(len(world))]
     out = {}
-    for kind, n_objects in QUERY_KINDS.items():
-        queries = make_queries(world, n, n_objects, seed) if n_objects else caption_queries(world, n, seed)
-        out[kind] = (queries, [true_images(q.text, scenes) for q in queries])
+    for kind, draw in QUERY_KINDS.items():
+        queries = draw(world, n, seed)
+        out[kind] = (queries, [query_images(q, scenes) for q in queries])
     return out
 
 

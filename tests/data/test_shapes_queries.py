@@ -4,14 +4,19 @@ import numpy as np
 import pytest
 
 from mmgeo.data.shapes import ShapeObject, ShapesWorld
-from mmgeo.data.shapes_grammar import parse
+from mmgeo.data.shapes_grammar import Mention, parse
 from mmgeo.data.shapes_queries import (
+    PartialQuery,
     caption_queries,
+    count_queries,
     make_queries,
+    query_images,
+    relation_queries,
     relevant_images,
     satisfies,
     true_images,
     wrong_attributes,
+    wrong_values,
 )
 
 RED_CIRCLE_TL = ShapeObject("circle", "red", "large", (0, 0))
@@ -120,3 +125,60 @@ def test_a_text_outside_the_grammar_is_refused():
     with pytest.raises(ValueError, match="not a sentence of the shapes grammar"):
         true_images("a red thing somewhere", SCENES)
     assert np.array_equal(relevant_images("a big green circle in the bottom right", SCENES), [4])
+
+
+BIG_RED_CIRCLE, SMALL_BLUE_SQUARE = Mention("big", "red", "circle"), Mention("small", "blue", "square")
+
+
+def typed_relation(obj: Mention, words: str, anchor: Mention) -> PartialQuery:
+    """ "{obj} {words} {anchor}" as people type it (the mentions: the anchor, then the object placed from it)."""
+    placed = Mention(obj.size_word, obj.color, obj.shape, relation=words)
+    return PartialQuery(f"{obj.noun} {words} {anchor.noun}", 0, (anchor, placed), typed=True)
+
+
+@pytest.mark.parametrize("obj, words, anchor, expect", [
+    (SMALL_BLUE_SQUARE, "below", BIG_RED_CIRCLE, [0, 5]),  # a lower row: the column is not stated
+    (SMALL_BLUE_SQUARE, "to the right of", BIG_RED_CIRCLE, [0, 5]),
+    (SMALL_BLUE_SQUARE, "below and to the right of", BIG_RED_CIRCLE, [0, 5]),
+    (SMALL_BLUE_SQUARE, "below and to the left of", BIG_RED_CIRCLE, []),  # both axes stated: the column is wrong
+    (BIG_RED_CIRCLE, "below", SMALL_BLUE_SQUARE, []),
+    (BIG_RED_CIRCLE, "above", SMALL_BLUE_SQUARE, [0, 5]),
+    (Mention("big", "red", "circle"), "to the left of", Mention("big", "green", "circle"), [4]),
+])
+def test_typed_relations_by_hand(obj, words, anchor, expect):
+    assert query_images(typed_relation(obj, words, anchor), SCENES).tolist() == expect
+
+
+def test_typed_counts_by_hand():
+    two = PartialQuery("two shapes: a small blue square and a big red circle", 0, (SMALL_BLUE_SQUARE, BIG_RED_CIRCLE),
+                       typed=True, count=2)
+    assert query_images(two, SCENES).tolist() == [0]  # scene 5 holds both and a third
+    one = PartialQuery("one shape: a big red circle", 1, (BIG_RED_CIRCLE,), typed=True, count=1)
+    assert query_images(one, SCENES).tolist() == [1]
+    assert wrong_values(two, SCENES[5]) == {"count": {(2, 3)}}
+    assert wrong_values(two, SCENES[0]) == {}
+    assert wrong_values(two, SCENES[2]) == {"shape": {("circle", "square")}}
+
+
+def test_a_wrong_relation_is_named_with_where_the_object_lies():
+    q = typed_relation(SMALL_BLUE_SQUARE, "above", BIG_RED_CIRCLE)
+    assert wrong_values(q, SCENES[0]) == {"relation": {("above", "below and to the right of")}}
+    assert wrong_attributes(q, SCENES[1]) == {"color", "shape", "size"}  # no square: the closest is the circle
+
+
+def test_typed_queries_are_true_of_their_source_outside_the_grammar_and_deterministic():
+    world = ShapesWorld("test", image_size=48, size=200)
+    scenes = [world.scene(i) for i in range(len(world))]
+    for draw in (relation_queries, count_queries):
+        queries = draw(world, 40, seed=5)
+        assert queries == draw(world, 40, seed=5) and queries != draw(world, 40, seed=6)
+        for q in queries:
+            assert q.typed and parse(q.text) is None  # what people type, not a sentence of the grammar
+            assert q.source in query_images(q, scenes)
+            assert all(m.where is None for m in q.mentions) and " in the " not in q.text
+    for q in relation_queries(world, 40, seed=5):
+        words = q.mentions[1].relation
+        assert q.text == f"{q.mentions[1].noun} {words} {q.mentions[0].noun}" and q.count is None
+    for q in count_queries(world, 40, seed=5):
+        assert q.count == len(scenes[q.source]) == len(q.mentions)
+        assert q.text.split(":")[0].endswith(("shape", "shapes"))

@@ -43,7 +43,7 @@ def test_evaluation_exact_and_served_on_a_tiny_model(tmp_path):
     images = model.encode_image([world[i][0] for i in range(len(world))])
     build_gallery_from_embedding(model, images, tmp_path / "index")
     record = evaluate_partial_queries(model, world, images, n=12, gallery=Gallery(tmp_path / "index"), k_prime=20)
-    for kind in ("one_object", "two_object", "full_caption"):
+    for kind in ("one_object", "two_object", "relation", "count", "full_caption"):
         for ranking in ("exact_geometric", "exact_global", "served"):
             r = record[kind][ranking]
             assert 0 <= r["P@1"] <= 1 and 0 <= r["mAP"] <= 1
@@ -54,7 +54,8 @@ def test_evaluation_exact_and_served_on_a_tiny_model(tmp_path):
         assert record[kind]["served"]["P@1"] <= record[kind]["served"]["relevant_in_first_stage"] + 1.01 / 12
         assert record[kind]["relevant_per_query"]["min"] >= 1
     table = format_table(record)
-    assert "one_object" in table and "full_caption" in table and "served" in table and "own@1" in table
+    assert all(kind in table for kind in ("one_object", "relation", "count", "full_caption"))
+    assert "served" in table and "own@1" in table and "relation / count" in table
     assert "ties at random" in table and "the first stage" in table
 
 
@@ -87,7 +88,8 @@ def test_first_hit_confusions_count_what_was_asked_and_what_came_back():
     out = first_hit_errors([query] * 3, rankings, [np.array([0])] * 3, scenes)
     assert out["wrong_first_hits"] == 2
     assert out["attribute_wrong"]["shape"] == 1.0 and out["attribute_wrong"]["color"] == 0.5
-    assert out["attribute_wrong_alone"] == {"size": 0.0, "color": 0.0, "shape": 0.5, "cell": 0.0}
+    assert out["attribute_wrong_alone"] == {"size": 0.0, "color": 0.0, "shape": 0.5, "cell": 0.0, "relation": 0.0,
+                                            "count": 0.0}
     assert out["confusions"]["shape"] == {"circle -> square": 2} and out["confusions"]["color"] == {"red -> blue": 1}
 
 
