@@ -8,6 +8,9 @@ image; the caption negatives (``mmgeo.data.caption_edits``) then edit that sub-c
 shape or place of the one named object is the hard negative. ``fewer_phrases`` leaves one phrase out of a
 caption: true of its image but naming less of it, an image->text negative that teaches the image to prefer the
 caption naming more of it (the tie-break a full caption needs among images that hold its objects and more).
+``typed_caption`` writes a caption the way people type a search: a phrase placed from another ("A in the top left
+with B below it") as "B below A" (``typed_relation``), else the objects alone, a count kept ("two shapes : A and
+B", ``objects_only``).
 
 The rules read the caption text only — no parser, no scene graph — so they apply to free text:
 
@@ -67,12 +70,15 @@ def _noun_at(piece: list[str]) -> int | None:
     return next((i for i, w in enumerate(piece) if w.lower() in NOUNS), None)
 
 
-def object_phrases(caption: str) -> list[str]:
-    """The caption's object phrases in order (module docstring); one phrase when it names one thing."""
-    words = _strip_prefix(caption_words(caption))
+def _pieces(caption: str) -> tuple[list[str], list[list[str]]]:
+    """(the prefix's words, the caption's object pieces as word lists, anaphora kept): the split of the module
+    docstring before "below it" is cut."""
+    words = caption_words(caption)
+    body = _strip_prefix(words)
+    prefix = words[:len(words) - len(body)]
     pieces: list[tuple[str | None, list[str]]] = [(None, [])]  # (separator before it, its words)
-    for i, w in enumerate(words):
-        nxt = words[i + 1].lower() if i + 1 < len(words) else ""
+    for i, w in enumerate(body):
+        nxt = body[i + 1].lower() if i + 1 < len(body) else ""
         if w.lower() in _SEPARATORS and nxt in _OPENERS and pieces[-1][1]:
             pieces.append((w, []))
         elif w.lower() in _SEPARATORS and not pieces[-1][1] and pieces[-1][0] is not None:
@@ -85,15 +91,69 @@ def object_phrases(caption: str) -> list[str]:
             out[-1] += [*sep.split(), *piece]  # no noun: not an object phrase of its own, glued back
         elif piece:
             out.append(piece)
-    phrases = []
+    trimmed = []
     for piece in out:
         while len(piece) > 1 and piece[-1] in (",", ";"):  # "two dogs play , and a child ...": no trailing comma
             piece = piece[:-1]
-        noun = _noun_at(piece)
-        if piece[-1].lower() in _ANAPHORA and noun is not None:
-            piece = piece[:noun + 1]  # "a blue square below it" -> "a blue square"
+        trimmed.append(piece)
+    return prefix, trimmed
+
+
+def _anaphoric(piece: list[str]) -> bool:
+    return piece[-1].lower() in _ANAPHORA and _noun_at(piece) is not None
+
+
+def object_phrases(caption: str) -> list[str]:
+    """The caption's object phrases in order (module docstring); one phrase when it names one thing."""
+    phrases = []
+    for piece in _pieces(caption)[1]:
+        if _anaphoric(piece):
+            piece = piece[:_noun_at(piece) + 1]  # "a blue square below it" -> "a blue square"
         phrases.append(" ".join(piece))
     return [p for p in phrases if p]
+
+
+_DETERMINERS = {"a", "an", "the", *_NUMBERS, "several", "some", "many", "another"}
+
+
+def _object_words(piece: list[str]) -> list[str]:
+    """A piece's object alone: from the determiner nearest before its noun to the noun ("in the top left a big
+    red circle" -> "a big red circle", "a man in a red shirt" -> "a man")."""
+    noun = _noun_at(piece)
+    start = next((i for i in range(noun, -1, -1) if piece[i].lower() in _DETERMINERS), 0)
+    return piece[start:noun + 1]
+
+
+def typed_relation(caption: str, rng: np.random.Generator) -> str | None:
+    """A relation as people type it: one phrase that places its object from the first one ("A in the top left
+    with B below it" -> "B below A"), each object alone (``_object_words``); None when no phrase ends in "it" /
+    "them"."""
+    pieces = _pieces(caption)[1]
+    placed = [p for p in pieces[1:] if _anaphoric(p)]
+    if not placed or _noun_at(pieces[0]) is None:
+        return None
+    piece = placed[int(rng.integers(len(placed)))]
+    noun = _noun_at(piece)
+    return " ".join(_object_words(piece) + piece[noun + 1:-1] + _object_words(pieces[0]))
+
+
+def objects_only(caption: str) -> str | None:
+    """The caption's objects alone (``_object_words``), a count prefix kept ("two shapes : A in the top left and
+    B in the center" -> "two shapes : A and B"): objects named without where they are, as people type them;
+    None when that changes nothing."""
+    prefix, pieces = _pieces(caption)
+    nouns = [" ".join(_object_words(p)) for p in pieces if _noun_at(p) is not None]
+    if not nouns:
+        return None
+    body = nouns[0] if len(nouns) == 1 else " , ".join(nouns[:-1]) + " and " + nouns[-1]
+    out = " ".join([*prefix, body]) if stated_count(caption) is not None else body
+    return None if out == " ".join(caption_words(caption)) else out
+
+
+def typed_caption(caption: str, rng: np.random.Generator) -> str | None:
+    """What people type for the picture the caption describes: ``typed_relation`` when the caption places an
+    object from another, else ``objects_only``; None when neither rule changes it."""
+    return typed_relation(caption, rng) or objects_only(caption)
 
 
 def partial_caption(caption: str, rng: np.random.Generator, max_objects: int = 2) -> str | None:

@@ -16,7 +16,7 @@ from torch.utils.data import Dataset
 from mmgeo.data import build_dataset
 from mmgeo.data.caption_edits import EDIT_KINDS, caption_negatives
 from mmgeo.data.caption_groups import phrase_words, true_of, true_pairs
-from mmgeo.data.caption_parts import fewer_phrases, partial_caption, stated_count, without_colors
+from mmgeo.data.caption_parts import fewer_phrases, partial_caption, stated_count, typed_caption, without_colors
 
 
 class CaptionTruth(NamedTuple):
@@ -57,7 +57,9 @@ class CaptionPairs(Dataset):
     sit in the same batch as each other's hardest negative. ``partial_captions``: the share of items whose
     caption is cut to one or two of its object phrases (``mmgeo.data.caption_parts``) before its negatives
     are made, so a partial description is a positive and its edits the negatives; ``colorless_sub_captions``: the
-    share of those sub-captions whose colour words are then left out (``caption_parts.without_colors``).
+    share of those sub-captions whose colour words are then left out (``caption_parts.without_colors``);
+    ``typed_captions``: the share of the other items whose caption is written the way people type
+    (``caption_parts.typed_caption``: "B below A", or the objects without their places).
     ``caption_truth``: each pair carries the phrases of its caption, of its negatives and of all its image's
     captions, so ``Collate`` can tell which captions and edits are true of which images of the batch
     (``mmgeo.data.caption_groups``).
@@ -68,8 +70,9 @@ class CaptionPairs(Dataset):
     def __init__(self, dataset, transform, seed: int, hard_negatives: bool = False, caption_negatives: int = 0,
                  negative_kinds=EDIT_KINDS, vocabulary=None, partial_captions: float = 0.0,
                  negative_weights: dict[str, float] | None = None, caption_truth: bool = False,
-                 fewer_phrase_negatives: int = 0, colorless_sub_captions: float = 0.0):
-        for name, share in (("partial_captions", partial_captions), ("colorless_sub_captions", colorless_sub_captions)):
+                 fewer_phrase_negatives: int = 0, colorless_sub_captions: float = 0.0, typed_captions: float = 0.0):
+        for name, share in (("partial_captions", partial_captions), ("colorless_sub_captions", colorless_sub_captions),
+                            ("typed_captions", typed_captions)):
             if not 0.0 <= share <= 1.0:
                 raise ValueError(f"data.{name}={share} must be a share between 0 and 1")
         if hard_negatives and not hasattr(dataset, "variant"):
@@ -81,6 +84,7 @@ class CaptionPairs(Dataset):
         self.negative_weights = dict(negative_weights or {})  # checked by caption_negatives (and the config)
         self.partial_captions, self.caption_truth = partial_captions, caption_truth
         self.fewer_phrase_negatives, self.colorless_sub_captions = fewer_phrase_negatives, colorless_sub_captions
+        self.typed_captions = typed_captions
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -101,6 +105,8 @@ class CaptionPairs(Dataset):
                 caption = partial_caption(caption, rng) or caption
                 if self.colorless_sub_captions and caption != whole and rng.random() < self.colorless_sub_captions:
                     caption = without_colors(caption) or caption
+            elif self.typed_captions and rng.random() < self.typed_captions:  # no draw when off
+                caption = typed_caption(caption, rng) or caption
             partial.append(caption != whole)
             negatives = caption_negatives(caption, rng, self.caption_negatives, self.negative_kinds,
                                           self.vocabulary, self.negative_weights) if self.caption_negatives else []

@@ -218,6 +218,28 @@ def test_colorless_sub_captions_drop_the_colour_words_of_that_share_of_sub_capti
         make(1.5)
 
 
+def test_typed_captions_rewrite_that_share_of_the_items_not_cut_and_draw_nothing_when_off():
+    from mmgeo.data.caption_parts import typed_caption
+    from mmgeo.data.shapes import CELL_PHRASES
+
+    world = ShapesWorld("train", size=60, image_size=32)
+    make = lambda share: CaptionPairs(world, lambda im: torch.zeros(3, 32, 32), seed=0,  # noqa: E731
+                                      partial_captions=0.5, typed_captions=share)
+    before, typed = [make(0.0)[(i, 0, 0)] for i in range(60)], [make(0.5)[(i, 0, 0)] for i in range(60)]
+    caption = lambda it: it["pairs"][0][1]  # noqa: E731
+    cut = [b["partial"][0] for b in before]
+    assert all(caption(b) == caption(t) for b, t, c in zip(before, typed, cut) if c)  # sub-captions as before
+    changed = [(caption(b), caption(t)) for b, t, c in zip(before, typed, cut) if not c and caption(b) != caption(t)]
+    assert 0 < len(changed) < cut.count(False)  # about half of the whole captions
+    rng = np.random.default_rng(1)
+    assert all(typed_caption(whole, rng) is not None for whole, _ in changed)
+    cells = [phrase for phrases in CELL_PHRASES.values() for phrase in phrases]
+    assert all(not t.endswith(" it") and not any(c in t for c in cells) for _, t in changed)  # no "below it", no cell
+    assert all(t["partial"][0] for b, t, c in zip(before, typed, cut) if not c and caption(b) != caption(t))
+    with pytest.raises(ValueError, match="typed_captions"):
+        make(-0.1)
+
+
 def test_true_captions_can_leave_whole_captions_their_negatives():
     """data.mask_true_of sub_captions: only a sub-caption's true images leave its negatives; a whole caption keeps
     every other image, so it still learns its own image above one that holds its objects and more."""

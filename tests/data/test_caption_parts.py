@@ -3,7 +3,15 @@
 import numpy as np
 import pytest
 
-from mmgeo.data.caption_parts import fewer_phrases, object_phrases, partial_caption, stated_count
+from mmgeo.data.caption_parts import (
+    fewer_phrases,
+    object_phrases,
+    objects_only,
+    partial_caption,
+    stated_count,
+    typed_caption,
+    typed_relation,
+)
 from mmgeo.data.shapes import ShapesWorld
 from mmgeo.data.shapes_grammar import parse
 
@@ -125,3 +133,58 @@ def test_a_colorless_sub_caption_is_true_of_its_image_by_the_text_rules():
             continue
         named = [p for c in captions for p in phrase_words(c)]
         assert caption_true_of(phrase_words(without_colors(sub)), named), sub
+
+
+@pytest.mark.parametrize("caption, typed", [
+    ("a big red circle in the center with a small blue square above and to the left of it",
+     "a small blue square above and to the left of a big red circle"),
+    ("a little red circle at the top with a big green diamond below it",
+     "a big green diamond below a little red circle"),
+    ("a big red circle in the center and a small blue square at the top", None),  # no phrase placed from another
+    ("two shapes : a big red circle in the center and a small blue square at the top", None),
+])
+def test_typed_relation(caption, typed):
+    assert typed_relation(caption, np.random.default_rng(0)) == typed
+
+
+@pytest.mark.parametrize("caption, objects", [
+    ("two shapes : a big red circle in the center and a small blue square at the top",
+     "two shapes : a big red circle and a small blue square"),  # the count stays
+    ("there is a big red circle in the center , a small blue square at the top and a big green diamond on the left",
+     "a big red circle , a small blue square and a big green diamond"),
+    ("in the top left a small red circle , at the bottom a big blue square",
+     "a small red circle and a big blue square"),
+    ("a big red circle", None),  # nothing to leave out
+    ("A man in a blue shirt and a woman in a red dress are walking down the street.", "A man and a woman"),
+])
+def test_objects_only(caption, objects):
+    assert objects_only(caption) == objects
+
+
+def test_typed_captions_of_the_shapes_world_are_true_of_their_scene_as_people_read_them():
+    """Every typed caption of a shapes caption, read as a typed query (a relation as people mean it, a count as
+    stated), is true of the caption's own scene: the rule never writes a false caption."""
+    from mmgeo.data.shapes_grammar import RELATIONS, Mention
+    from mmgeo.data.shapes_queries import PartialQuery, satisfies_typed
+
+    world = ShapesWorld("train", image_size=48, size=80)
+    rng = np.random.default_rng(0)
+    kinds = set()
+    for i in range(len(world)):
+        for caption in world.captions(i):
+            typed = typed_caption(caption, rng)
+            if typed is None:  # a one-object caption without a place to drop cannot be one
+                continue
+            toks = typed.split()
+            count = stated_count(typed)
+            body = toks[3:] if count else toks
+            nouns = [Mention(*body[j + 1:j + 4]) for j in range(len(body)) if body[j] == "a"]
+            words = " ".join(body[4:-4])
+            if words in RELATIONS and len(nouns) == 2:  # "B below A": the mentions are (A, B placed from A)
+                kinds.add("relation")
+                mentions = (nouns[1], Mention(*body[1:4], relation=words))
+            else:
+                kinds.add("count" if count else "objects")
+                mentions = tuple(nouns)
+            assert satisfies_typed(PartialQuery(typed, i, mentions, typed=True, count=count), world.scene(i)), typed
+    assert kinds == {"relation", "count", "objects"}
