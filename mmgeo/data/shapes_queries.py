@@ -60,6 +60,20 @@ class PartialQuery:
     count: int | None = None  # typed count queries: how many objects the text says the image holds
 
 
+def _scenes(world, n: int, seed: int, stream: int, min_objects: int, what: str):
+    """(rng, image index, scene) of random scenes of ``world`` holding ``min_objects`` or more, each draw from
+    ``default_rng([seed, stream, draw number])`` (streams: 0 caption_queries, 1-2 make_queries, 3 relation_queries,
+    4 count_queries); the caller stops after ``n`` queries, and too many passed-over scenes raise."""
+    for q in itertools.count():
+        if q > 50 * n + 100:
+            raise ValueError(f"could not draw {n} {what} from {len(world)} images")
+        rng = np.random.default_rng([seed, stream, q])
+        idx = int(rng.integers(len(world)))
+        scene = world.scene(idx)
+        if len(scene) >= min_objects:
+            yield rng, idx, scene
+
+
 def _mention(obj: ShapeObject, rng: np.random.Generator) -> Mention:
     size_word = SIZE_WORDS[obj.size][rng.integers(2)]
     return Mention(size_word, obj.color, obj.shape, where=CELL_PHRASES[obj.cell][rng.integers(2)])
@@ -72,21 +86,16 @@ def make_queries(world, n: int, n_objects: int, seed: int = 0) -> list[PartialQu
     """
     if n_objects not in (1, 2):
         raise ValueError(f"n_objects={n_objects}: partial queries name 1 or 2 objects")
-    out = []
-    for q in itertools.count():
-        if len(out) == n:
-            return out
-        if q > 50 * n + 100:
-            raise ValueError(f"could not draw {n} queries of {n_objects} objects from {len(world)} images")
-        rng = np.random.default_rng([seed, n_objects, q])
-        idx = int(rng.integers(len(world)))
-        scene = world.scene(idx)
-        if len(scene) < n_objects:
-            continue
+    out: list[PartialQuery] = []
+    if n == 0:
+        return out
+    for rng, idx, scene in _scenes(world, n, seed, n_objects, n_objects, f"queries of {n_objects} objects"):
         objs = [scene[i] for i in rng.choice(len(scene), size=n_objects, replace=False)]
         template = QUERY_TEMPLATES[rng.integers(len(QUERY_TEMPLATES))]
         mentions = tuple(_mention(o, rng) for o in objs)
         out.append(PartialQuery(ParsedCaption(template, mentions).render(), idx, mentions))
+        if len(out) == n:
+            return out
 
 
 def _typed_mention(obj: ShapeObject, rng: np.random.Generator, relation: str | None = None) -> Mention:
@@ -98,21 +107,16 @@ def relation_queries(world, n: int, seed: int = 0) -> list[PartialQuery]:
     (the relation in the grammar's words, e.g. "above and to the left of"); the mentions are (anchor, object).
 
     Deterministic in (seed, query number); one-object scenes are passed over."""
-    out = []
-    for q in itertools.count():
-        if len(out) == n:
-            return out
-        if q > 50 * n + 100:
-            raise ValueError(f"could not draw {n} relation queries from {len(world)} images")
-        rng = np.random.default_rng([seed, 3, q])  # 3: this kind's stream (1, 2: make_queries, 0: caption_queries)
-        idx = int(rng.integers(len(world)))
-        scene = world.scene(idx)
-        if len(scene) < 2:
-            continue
+    out: list[PartialQuery] = []
+    if n == 0:
+        return out
+    for rng, idx, scene in _scenes(world, n, seed, 3, 2, "relation queries"):  # 3: this kind's stream
         obj, anchor = (scene[i] for i in rng.choice(len(scene), size=2, replace=False))
         words = relation_words(obj, anchor)
         mentions = (_typed_mention(anchor, rng), _typed_mention(obj, rng, relation=words))
         out.append(PartialQuery(f"{mentions[1].noun} {words} {mentions[0].noun}", idx, mentions, typed=True))
+        if len(out) == n:
+            return out
 
 
 def count_queries(world, n: int, seed: int = 0) -> list[PartialQuery]:
