@@ -113,7 +113,7 @@ def object_phrases(caption: str) -> list[str]:
     return [p for p in phrases if p]
 
 
-_DETERMINERS = {"a", "an", "the", *_NUMBERS, "several", "some", "many", "another"}
+_DETERMINERS = (_OPENERS - {"in", "at", "on"}) | set(_NUMBERS)  # the openers that are no place preposition
 
 
 def _object_words(piece: list[str]) -> list[str]:

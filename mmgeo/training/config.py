@@ -51,7 +51,7 @@ class DataConfig:
     # sub-caption is true of other batch images, so pair it with mask_true_captions (docs/design.md §9)
     typed_captions: float = 0.0  # share of the items not cut to a sub-caption whose caption is written the way
     # people type (mmgeo.data.caption_parts.typed_caption): a relation as "B below A", else the objects without
-    # their places ("two shapes : A and B")
+    # their places ("two shapes : A and B"); flagged as sub-captions, since such a caption may be true of other images
     fewer_phrase_negatives: int = 0  # per caption naming ≥ 2 object phrases, up to this many copies with one
     # phrase left out (mmgeo.data.caption_parts.fewer_phrases) as image->text negatives only: true of the image, they
     # teach it to prefer the caption naming more of it; never text->image queries (the edit terms skip them)
