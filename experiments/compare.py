@@ -190,8 +190,14 @@ def check_same_config(run_dir: Path, expected: dict) -> None:
     path = run_dir / "config.yaml"
     if not path.is_file():
         return
+    from mmgeo.config import to_dict
+    from mmgeo.training.config import TrainConfig
+
     found = {k: v for k, v in _flat(json.loads(json.dumps(yaml.safe_load(path.read_text())))).items()
              if k not in NOT_RECIPE}
+    # a field added since that run, at its default, is the behaviour that run had (a new field is off by default)
+    default = _flat(json.loads(json.dumps(to_dict(TrainConfig()))))
+    found |= {k: default[k] for k in expected if k not in found and k in default and expected[k] == default[k]}
     diff = sorted(k for k in set(found) | set(expected) if found.get(k) != expected.get(k))
     if diff:
         shown = ", ".join(f"{k}: {found.get(k)!r} there, {expected.get(k)!r} now" for k in diff[:4])

@@ -145,6 +145,27 @@ def test_a_run_killed_before_its_first_checkpoint_is_trained_again(tmp_path):
     assert compare.train_run("configs/synthetic.yaml", overrides, run)[0] == "reused"
 
 
+def test_a_run_from_before_a_new_field_is_the_same_recipe_unless_that_field_is_set(tmp_path):
+    """A run folder whose config.yaml lacks a field added since, at its default now: the same recipe (a new field is
+    off by default); the field set away from its default, or any value changed: refused, naming the field."""
+    import yaml
+
+    from experiments.compare import check_same_config, resolved
+    from mmgeo.config import to_dict
+
+    expected = resolved("configs/synthetic.yaml", [])
+    saved = to_dict(load_train_config(ROOT / "configs/synthetic.yaml", []))
+    del saved["data"]["typed_captions"]
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(saved))
+    check_same_config(tmp_path, expected)  # the field did not exist then: same recipe
+    with pytest.raises(SystemExit, match="data.typed_captions: None there, 0.5 now"):
+        check_same_config(tmp_path, resolved("configs/synthetic.yaml", ["--data.typed_captions", "0.5"]))
+    saved["optim"]["lr"] = 0.01
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(saved))
+    with pytest.raises(SystemExit, match="optim.lr: 0.01 there, 0.001 now"):
+        check_same_config(tmp_path, expected)
+
+
 def test_compare_table_means_over_seeds(tmp_path):
     """Two seeds of one model: mean, sample std and lowest seed of R@1 and of each edit type, per split."""
     def run(name, seed, r1, swap):
