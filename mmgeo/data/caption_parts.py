@@ -124,13 +124,18 @@ def _object_words(piece: list[str]) -> list[str]:
     return piece[start:noun + 1]
 
 
+def _placed(pieces: list[list[str]]) -> list[list[str]]:
+    """The pieces after the first that place their object from the first one ("a blue square below it")."""
+    return [p for p in pieces[1:] if _anaphoric(p)] if pieces and _noun_at(pieces[0]) is not None else []
+
+
 def typed_relation(caption: str, rng: np.random.Generator) -> str | None:
     """A relation as people type it: one phrase that places its object from the first one ("A in the top left
     with B below it" -> "B below A"), each object alone (``_object_words``); None when no phrase ends in "it" /
     "them"."""
     pieces = _pieces(caption)[1]
-    placed = [p for p in pieces[1:] if _anaphoric(p)]
-    if not placed or _noun_at(pieces[0]) is None:
+    placed = _placed(pieces)
+    if not placed:
         return None
     piece = placed[int(rng.integers(len(placed)))]
     noun = _noun_at(piece)
@@ -150,9 +155,15 @@ def objects_only(caption: str) -> str | None:
     return None if out == " ".join(caption_words(caption)) else out
 
 
-def typed_caption(caption: str, rng: np.random.Generator) -> str | None:
+def typed_caption(caption: str, rng: np.random.Generator, captions: list[str] = (),
+                  relations: float = 0.0) -> str | None:
     """What people type for the picture the caption describes: ``typed_relation`` when the caption places an
-    object from another, else ``objects_only``; None when neither rule changes it."""
+    object from another, else ``objects_only``; None when neither rule changes it. With ``relations`` > 0, that
+    share of the calls types a relation from one of the picture's ``captions`` that places an object (when one
+    does), whichever caption was drawn: one template in five of the shapes world places objects."""
+    placing = [c for c in captions if _placed(_pieces(c)[1])] if relations else []
+    if placing and rng.random() < relations:  # no draw when off, or when no caption places an object
+        return typed_relation(placing[int(rng.integers(len(placing)))], rng)
     return typed_relation(caption, rng) or objects_only(caption)
 
 

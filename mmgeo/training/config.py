@@ -52,6 +52,9 @@ class DataConfig:
     typed_captions: float = 0.0  # share of the items not cut to a sub-caption whose caption is written the way
     # people type (mmgeo.data.caption_parts.typed_caption): a relation as "B below A", else the objects without
     # their places ("two shapes : A and B"); flagged as sub-captions, since such a caption may be true of other images
+    typed_relations: float = 0.0  # share of those typed captions written as a relation from whichever of the
+    # image's captions places one object from another (the shapes world: one template in five), else 0 = a relation
+    # only when the drawn caption places one
     fewer_phrase_negatives: int = 0  # per caption naming ≥ 2 object phrases, up to this many copies with one
     # phrase left out (mmgeo.data.caption_parts.fewer_phrases) as image->text negatives only: true of the image, they
     # teach it to prefer the caption naming more of it; never text->image queries (the edit terms skip them)

@@ -240,6 +240,20 @@ def test_typed_captions_rewrite_that_share_of_the_items_not_cut_and_draw_nothing
         make(-0.1)
 
 
+def test_typed_relations_raise_the_share_of_typed_captions_that_are_relations():
+    """Every whole caption typed: about one in five is a relation at typed_relations 0 (the one template that places
+    objects, less one-object scenes), about half or more at 0.5."""
+    world = ShapesWorld("train", size=120, image_size=32)
+    make = lambda share: CaptionPairs(world, lambda im: torch.zeros(3, 32, 32), seed=0,  # noqa: E731
+                                      typed_captions=1.0, typed_relations=share)
+    places = ("above", "below", "to the left of", "to the right of")
+    share = {r: sum(any(w in make(r)[(i, 0, 0)]["pairs"][0][1] for w in places) for i in range(120)) / 120
+             for r in (0.0, 0.5)}
+    assert share[0.0] < 0.3 and share[0.5] > 0.4, share
+    with pytest.raises(ValueError, match="typed_relations"):
+        make(2.0)
+
+
 def test_true_captions_can_leave_whole_captions_their_negatives():
     """data.mask_true_of sub_captions: only a sub-caption's true images leave its negatives; a whole caption keeps
     every other image, so it still learns its own image above one that holds its objects and more."""

@@ -147,6 +147,21 @@ def test_typed_relation(caption, typed):
     assert typed_relation(caption, np.random.default_rng(0)) == typed
 
 
+def test_typed_caption_takes_a_relation_from_the_caption_that_places_one_at_that_share():
+    """``relations``: that share of the calls types a relation from whichever caption places an object, the others
+    type the drawn caption as before; none placing one, or 0: the drawn caption's own rule, and no draw."""
+    drawn = "two shapes : a big red circle in the center and a small blue square at the top"
+    captions = [drawn, "a small blue square at the top with a big red circle below it"]
+    typed = [typed_caption(drawn, np.random.default_rng(s), captions, relations=0.5) for s in range(200)]
+    relation = "a big red circle below a small blue square"
+    assert set(typed) == {relation, objects_only(drawn)}
+    assert 70 < typed.count(relation) < 130
+    assert typed_caption(drawn, np.random.default_rng(0), captions[:1], relations=1.0) == objects_only(drawn)
+    rng = np.random.default_rng(0)
+    assert typed_caption(drawn, rng, captions, relations=0.0) == objects_only(drawn)
+    assert rng.random() == np.random.default_rng(0).random()  # nothing drawn when off
+
+
 @pytest.mark.parametrize("caption, objects", [
     ("two shapes : a big red circle in the center and a small blue square at the top",
      "two shapes : a big red circle and a small blue square"),  # the count stays
