@@ -280,9 +280,9 @@ def print_partial(record: dict) -> None:
 
     served = f"; served = two-stage, K'={record['k_prime']}" if record["k_prime"] else ""
     n = record["queries"]
-    print(f"\npartial queries: {n} naming one object, {n} naming two, {n} typed relations, {n} typed counts and {n} "
-          f"of the split's full captions, over {record['images']} images; relevant = every image the query is true "
-          f"of; own@1 = the first hit is the image the query was drawn from{served}")
+    print(f"\npartial queries: {n} naming one object, {n} naming two, {n} typed objects, {n} typed relations, {n} "
+          f"typed counts and {n} of the split's full captions, over {record['images']} images; relevant = every "
+          f"image the query is true of; own@1 = the first hit is the image the query was drawn from{served}")
     print(partial_table(record))
 
 

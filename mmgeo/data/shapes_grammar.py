@@ -41,21 +41,22 @@ def relation_words(obj: ShapeObject, anchor: ShapeObject) -> str:
 
 @dataclass(frozen=True)
 class Mention:
-    """One mentioned object: "a {size_word} {color} {shape}" and either a cell phrase or a relation."""
+    """One mentioned object: "a {size_word} {color} {shape}" and either a cell phrase or a relation; a typed query
+    may leave the size unsaid (``size_word`` None: "a red circle", any size)."""
 
-    size_word: str
+    size_word: str | None
     color: str
     shape: str
     where: str | None = None  # a phrase of CELL_PHRASES: the object's cell
     relation: str | None = None  # a key of RELATIONS: position relative to the first mention
 
     @property
-    def size(self) -> str:
-        return SIZE_OF_WORD[self.size_word]
+    def size(self) -> str | None:
+        return SIZE_OF_WORD[self.size_word] if self.size_word is not None else None
 
     @property
     def noun(self) -> str:
-        return f"a {self.size_word} {self.color} {self.shape}"
+        return " ".join(w for w in ("a", self.size_word, self.color, self.shape) if w is not None)
 
 
 @dataclass(frozen=True)

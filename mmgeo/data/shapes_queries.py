@@ -10,13 +10,15 @@ mentioned object, that hold every stated attribute. Other objects of the image m
 ``caption_queries`` draws the world's own full captions as queries the same way: a caption with no count word
 is as true of an image that holds its objects and more, so its relevant set may hold more than its own image.
 
-``relation_queries`` and ``count_queries`` write what people type outside the training grammar, with no cells:
-"a big blue triangle below a small red square" (two objects of a scene and where one lies from the other) and
-"two shapes: a big green circle and a small purple square" (every object of a scene and how many there are). The
-grammar writes a relation as "... with X below it" and a count with every object's cell, so these ask whether the
-model reads the words rather than the grammar's word order. A typed relation is read as people mean it: "below"
-states the row only (the object lies in a lower row, any column), "below and to the left of" both row and column;
-its relevant set comes from the query's mentions (``satisfies_typed``), not from a parse of its text.
+``object_queries``, ``relation_queries`` and ``count_queries`` write what people type outside the training
+grammar, with no cells: "a red circle" or "a small red circle" (one object of a scene, its size said half the
+time), "a big blue triangle below a small red square" (two objects of a scene and where one lies from the other)
+and "two shapes: a big green circle and a small purple square" (every object of a scene and how many there are).
+The grammar names every object with its size and cell, writes a relation as "... with X below it" and a count with
+every object's cell, so these ask whether the model reads the words rather than the grammar's word order. A typed
+relation is read as people mean it: "below" states the row only (the object lies in a lower row, any column),
+"below and to the left of" both row and column; its relevant set comes from the query's mentions
+(``satisfies_typed``), not from a parse of its text.
 
 Limits: a query's relevant set comes from the scene graph, which is what makes it an evaluation and never a
 training signal.
@@ -63,7 +65,8 @@ class PartialQuery:
 def _scenes(world, n: int, seed: int, stream: int, min_objects: int, what: str):
     """(rng, image index, scene) of random scenes of ``world`` holding ``min_objects`` or more, each draw from
     ``default_rng([seed, stream, draw number])`` (streams: 0 caption_queries, 1-2 make_queries, 3 relation_queries,
-    4 count_queries); the caller stops after ``n`` queries, and too many passed-over scenes raise."""
+    4 count_queries, 5 object_queries); the caller stops after ``n`` queries, and too many passed-over scenes
+    raise."""
     for q in itertools.count():
         if q > 50 * n + 100:
             raise ValueError(f"could not draw {n} {what} from {len(world)} images")
@@ -102,6 +105,21 @@ def _typed_mention(obj: ShapeObject, rng: np.random.Generator, relation: str | N
     return Mention(SIZE_WORDS[obj.size][rng.integers(2)], obj.color, obj.shape, relation=relation)
 
 
+def object_queries(world, n: int, seed: int = 0) -> list[PartialQuery]:
+    """``n`` typed one-object queries: "a red circle" (any size, anywhere) or, half of them, "a small red circle"
+    (that size, anywhere), for an object of a random scene of ``world``. Deterministic in (seed, query number)."""
+    out: list[PartialQuery] = []
+    if n == 0:
+        return out
+    for rng, idx, scene in _scenes(world, n, seed, 5, 1, "object queries"):  # 5: this kind's stream
+        obj = scene[int(rng.integers(len(scene)))]
+        size_word = SIZE_WORDS[obj.size][rng.integers(2)] if rng.random() < 0.5 else None
+        mention = Mention(size_word, obj.color, obj.shape)
+        out.append(PartialQuery(mention.noun, idx, (mention,), typed=True))
+        if len(out) == n:
+            return out
+
+
 def relation_queries(world, n: int, seed: int = 0) -> list[PartialQuery]:
     """``n`` typed relation queries: "{object} {relation} {anchor}" for two objects of random scenes of ``world``
     (the relation in the grammar's words, e.g. "above and to the left of"); the mentions are (anchor, object).
@@ -136,7 +154,7 @@ def count_queries(world, n: int, seed: int = 0) -> list[PartialQuery]:
 
 
 def _same_object(m: Mention, obj: ShapeObject) -> bool:
-    return (m.size, m.color, m.shape) == (obj.size, obj.color, obj.shape)
+    return (m.color, m.shape) == (obj.color, obj.shape) and m.size in (None, obj.size)  # None: no size said
 
 
 def _lies(words: str, obj: ShapeObject, anchor: ShapeObject) -> bool:
@@ -146,9 +164,9 @@ def _lies(words: str, obj: ShapeObject, anchor: ShapeObject) -> bool:
 
 
 def satisfies_typed(query: PartialQuery, scene: list[ShapeObject]) -> bool:
-    """Whether a typed query is true of ``scene``: distinct objects, one per mention, of the stated size, colour
-    and shape, each relation holding from the first mention's object (``LOOSE_RELATIONS``), and the scene holding
-    exactly ``query.count`` objects when the query states a count."""
+    """Whether a typed query is true of ``scene``: distinct objects, one per mention, of the stated colour, shape
+    and size (when stated), each relation holding from the first mention's object (``LOOSE_RELATIONS``), and the
+    scene holding exactly ``query.count`` objects when the query states a count."""
     if query.count is not None and len(scene) != query.count:
         return False
     if not all(any(_same_object(m, o) for o in scene) for m in query.mentions):

@@ -4,8 +4,9 @@ Full-caption R@K hides this: every caption of the shapes world names every objec
 its image. Here each query (``mmgeo.data.shapes_queries``) has a relevant *set* — every image of the split the
 query is true of — and a ranking is scored as a search engine is: P@1, P@5, nDCG@10 (binary gains) and mean
 average precision, plus what wrong first hits get wrong (size, colour, shape, cell; typed queries also relation
-and count). Two kinds are typed as people write them, outside the training grammar: "relation" ("a big blue
-triangle below a small red square") and "count" ("two shapes: a big green circle and a small purple square"). The
+and count). Three kinds are typed as people write them, outside the training grammar: "object" ("a red circle",
+no cell, a size half the time), "relation" ("a big blue triangle below a small red square") and "count" ("two
+shapes: a big green circle and a small purple square"). The
 world's own captions are scored the same way ("full_caption"): one with no count word is as true of an image that
 holds its objects and more, which R@1 (one relevant image) counts wrong; "own@1" (the query's own image first)
 beside P@1 shows how much of R@1's miss is that.
@@ -28,6 +29,7 @@ from mmgeo.data.shapes_queries import (
     caption_queries,
     count_queries,
     make_queries,
+    object_queries,
     query_images,
     relation_queries,
     wrong_values,
@@ -36,6 +38,7 @@ from mmgeo.data.shapes_queries import (
 QUERY_KINDS = {  # JSON key -> how its queries are drawn (mmgeo.data.shapes_queries)
     "one_object": lambda world, n, seed: make_queries(world, n, 1, seed),  # one object, its cell
     "two_object": lambda world, n, seed: make_queries(world, n, 2, seed),  # two objects, their cells
+    "object": object_queries,  # typed: "a red circle", a size half the time, no cell
     "relation": relation_queries,  # typed: "X below Y", no cells
     "count": count_queries,  # typed: "two shapes: X and Y", no cells
     "full_caption": caption_queries,  # the world's own captions

@@ -16,12 +16,12 @@ def test_partial_suite_exact_and_two_stage(random_geo_tiny, tmp_path, capsys):
                    "--mode", "two-stage", "--k-prime", "10", "--out", str(out)])
     record = json.loads(out.read_text())["partial_queries"]
     assert record["queries"] == 6 and record["images"] == 40 and record["k_prime"] == 10
-    for kind in ("one_object", "two_object", "relation", "count", "full_caption"):
+    for kind in ("one_object", "two_object", "object", "relation", "count", "full_caption"):
         assert RANKINGS | {"served"} <= set(record[kind])
         assert {"P@1", "P@5", "nDCG@10", "mAP", "own@1", "attribute_wrong"} <= set(record[kind]["served"])
     printed = capsys.readouterr().out
     assert "partial queries: 6 naming one object" in printed and "6 of the split's full captions" in printed
-    assert "6 typed relations, 6 typed counts" in printed
+    assert "6 typed objects, 6 typed relations, 6 typed counts" in printed
     assert "two_object" in printed and "full_caption" in printed
 
 

@@ -10,6 +10,7 @@ from mmgeo.data.shapes_queries import (
     caption_queries,
     count_queries,
     make_queries,
+    object_queries,
     query_images,
     relation_queries,
     relevant_images,
@@ -149,6 +150,22 @@ def test_typed_relations_by_hand(obj, words, anchor, expect):
     assert query_images(typed_relation(obj, words, anchor), SCENES).tolist() == expect
 
 
+def test_typed_objects_by_hand():
+    """A typed object without a size is true of an image holding that colour and shape at any size, anywhere; with
+    one, of that size only."""
+    red_circle = Mention(None, "red", "circle")
+    assert red_circle.noun == "a red circle" and red_circle.size is None
+    anysize = query_images(PartialQuery("a red circle", 0, (red_circle,), typed=True), SCENES).tolist()
+    sized = query_images(PartialQuery("a big red circle", 0, (BIG_RED_CIRCLE,), typed=True), SCENES).tolist()
+    holds = [i for i, s in enumerate(SCENES) if any((o.color, o.shape) == ("red", "circle") for o in s)]
+    assert anysize == holds and set(sized) < set(anysize), (anysize, sized)
+    small = [i for i, s in enumerate(SCENES) if any((o.size, o.color, o.shape) == ("small", "red", "circle")
+                                                    for o in s) and i not in sized]
+    assert small and set(small) <= set(anysize)  # a small red circle only: "a red circle" yes, "a big" one no
+    assert wrong_values(PartialQuery("a big red circle", 0, (BIG_RED_CIRCLE,), typed=True), SCENES[small[0]]) == \
+        {"size": {("large", "small")}}
+
+
 def test_typed_counts_by_hand():
     two = PartialQuery("two shapes: a small blue square and a big red circle", 0, (SMALL_BLUE_SQUARE, BIG_RED_CIRCLE),
                        typed=True, count=2)
@@ -169,7 +186,7 @@ def test_a_wrong_relation_is_named_with_where_the_object_lies():
 def test_typed_queries_are_true_of_their_source_outside_the_grammar_and_deterministic():
     world = ShapesWorld("test", image_size=48, size=200)
     scenes = [world.scene(i) for i in range(len(world))]
-    for draw in (relation_queries, count_queries):
+    for draw in (object_queries, relation_queries, count_queries):
         queries = draw(world, 40, seed=5)
         assert queries == draw(world, 40, seed=5) and queries != draw(world, 40, seed=6)
         for q in queries:
@@ -179,6 +196,9 @@ def test_typed_queries_are_true_of_their_source_outside_the_grammar_and_determin
     for q in relation_queries(world, 40, seed=5):
         words = q.mentions[1].relation
         assert q.text == f"{q.mentions[1].noun} {words} {q.mentions[0].noun}" and q.count is None
+    objects = object_queries(world, 40, seed=5)
+    assert all(len(q.mentions) == 1 and q.text == q.mentions[0].noun and q.count is None for q in objects)
+    assert 10 < sum(q.mentions[0].size_word is None for q in objects) < 30  # a size said half the time
     for q in count_queries(world, 40, seed=5):
         assert q.count == len(scenes[q.source]) == len(q.mentions)
         assert q.text.split(":")[0].endswith(("shape", "shapes"))

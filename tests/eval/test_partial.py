@@ -43,7 +43,7 @@ def test_evaluation_exact_and_served_on_a_tiny_model(tmp_path):
     images = model.encode_image([world[i][0] for i in range(len(world))])
     build_gallery_from_embedding(model, images, tmp_path / "index")
     record = evaluate_partial_queries(model, world, images, n=12, gallery=Gallery(tmp_path / "index"), k_prime=20)
-    for kind in ("one_object", "two_object", "relation", "count", "full_caption"):
+    for kind in ("one_object", "two_object", "object", "relation", "count", "full_caption"):
         for ranking in ("exact_geometric", "exact_global", "served"):
             r = record[kind][ranking]
             assert 0 <= r["P@1"] <= 1 and 0 <= r["mAP"] <= 1
