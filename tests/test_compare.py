@@ -153,13 +153,14 @@ def test_a_run_from_before_a_new_field_is_the_same_recipe_unless_that_field_is_s
     from experiments.compare import check_same_config, resolved
     from mmgeo.config import to_dict
 
-    expected = resolved("configs/synthetic.yaml", [])
-    saved = to_dict(load_train_config(ROOT / "configs/synthetic.yaml", []))
+    BASE = "configs/synthetic_full_captions.yaml"  # the geometric base of the compare: no typed captions
+    expected = resolved(BASE, [])
+    saved = to_dict(load_train_config(ROOT / BASE, []))
     del saved["data"]["typed_captions"]
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(saved))
     check_same_config(tmp_path, expected)  # the field did not exist then: same recipe
     with pytest.raises(SystemExit, match="data.typed_captions: None there, 0.5 now"):
-        check_same_config(tmp_path, resolved("configs/synthetic.yaml", ["--data.typed_captions", "0.5"]))
+        check_same_config(tmp_path, resolved(BASE, ["--data.typed_captions", "0.5"]))
     saved["optim"]["lr"] = 0.01
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(saved))
     with pytest.raises(SystemExit, match="optim.lr: 0.01 there, 0.001 now"):
