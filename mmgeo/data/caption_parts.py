@@ -29,6 +29,7 @@ without a determiner after "and" ("a man sits and reads") stays whole.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -155,7 +156,7 @@ def objects_only(caption: str) -> str | None:
     return None if out == " ".join(caption_words(caption)) else out
 
 
-def typed_caption(caption: str, rng: np.random.Generator, captions: list[str] = (),
+def typed_caption(caption: str, rng: np.random.Generator, captions: Sequence[str] = (),
                   relations: float = 0.0) -> str | None:
     """What people type for the picture the caption describes: ``typed_relation`` when the caption places an
     object from another, else ``objects_only``; None when neither rule changes it. With ``relations`` > 0, that
