@@ -126,3 +126,10 @@ def test_cli_parser_usage_errors_are_one_line(capsys):
         lines = _stderr_lines(capsys)
         assert stop.value.code == 2 and len(lines) == 1 and lines[0].startswith(f"error: {message}"), lines
     assert p.parse_args(["--debug"]).debug  # listed in --help; call_cli takes it off the command line
+
+
+def test_an_unknown_caption_edit_kind_is_refused_by_name():
+    with pytest.raises(ValueError, match=r"unknown caption edit kind\(s\) \['negate'\]; choose from .*'add_axis'"):
+        load_config(TrainConfig, "configs/synthetic.yaml", ["--data.negative_kinds", "[add_axis, negate]"])
+    cfg = load_config(TrainConfig, "configs/synthetic.yaml", ["--data.negative_kinds", "[replace_noun, add_axis]"])
+    assert cfg.data.negative_kinds == ["replace_noun", "add_axis"]

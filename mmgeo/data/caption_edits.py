@@ -14,13 +14,16 @@ as well as to the shapes world's:
     replace_attribute  one colour / size / material / age word changes ("a big dog" -> "a small dog")
     replace_noun       one noun becomes another of its group           ("a dog" -> "a cat", "circle" -> "diamond")
     flip_relation      one spatial word or phrase flips                 ("left" -> "right", "in front of" -> "behind")
+    add_axis           a relation on one axis gains the other          ("below it" -> "below and to the left of it")
 
 Spacing, punctuation and case are kept (case goes with the position: a sentence-initial "Blue" swapped
 with "red" gives "Red ... blue"); an indefinite article right before a changed word follows it
 ("an orange hat" -> "a blue hat"). Swaps keep the caption's multiset of words (up to that a/an choice):
 the negative is the same bag of words, only bound differently — the point of NegCLIP's negatives.
 Limits: lexical rules mis-fire on ambiguous words ("orange" the fruit, "left" the verb); such noise is
-tolerated by the method.
+tolerated by the method. ``add_axis`` is false only where a relation on one axis means the other is level, as in
+the shapes world's grammar ("with B below it": the same column); free text ("a cat above the sofa") does not say
+so, so it is not among ``EDIT_KINDS`` (the default draw) and a config names it to use it.
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ from collections.abc import Collection, Mapping, Sequence
 
 import numpy as np
 
-EDIT_KINDS = ("swap_attribute", "swap_noun", "replace_attribute", "replace_noun", "flip_relation")
+EDIT_KINDS = ("swap_attribute", "swap_noun", "replace_attribute", "replace_noun", "flip_relation")  # the default
+ALL_EDIT_KINDS = (*EDIT_KINDS, "add_axis")  # every kind a config may name
 
 # attribute class -> {word: canonical value}; words with the same value are synonyms and never swapped.
 _COLORS = {w: w for w in "red orange yellow green blue purple pink brown black white gray silver gold tan beige "
@@ -239,14 +243,44 @@ def _flip_relation(c: _Caption, rng: np.random.Generator) -> str | None:
     return c.rewrite({(i, j): RELATIONS[" ".join(c.words[i:j])]})
 
 
+_VERTICAL = ("above", "below")
+_HORIZONTAL = (("to", "the", "left", "of"), ("to", "the", "right", "of"))
+
+
+def _add_axis(c: _Caption, rng: np.random.Generator) -> str | None:
+    """A vertical relation word with no horizontal phrase after it gains one ("below" -> "below and to the left
+    of"); a horizontal phrase with no vertical word before it gains one ("to the left of" -> "above and to the
+    left of"). The new axis's direction is drawn."""
+    w, n = c.words, len(c.words)
+
+    def phrase_at(i: int, words: tuple[str, ...]) -> bool:
+        return tuple(w[i:i + len(words)]) == words and all(c.adjacent(k) for k in range(i, i + len(words) - 1))
+
+    def horizontal_at(i: int) -> bool:
+        return any(phrase_at(i, h) for h in _HORIZONTAL)
+
+    spans: list[tuple[int, int, tuple[str, ...]]] = []  # (i, j, texts the words [i, j) may become)
+    for i in range(n):
+        if w[i] in _VERTICAL and not (i + 1 < n and w[i + 1] == "and" and horizontal_at(i + 2)):
+            spans.append((i, i + 1, tuple(f"{w[i]} and {' '.join(h)}" for h in _HORIZONTAL)))
+        elif horizontal_at(i) and not (i >= 2 and w[i - 1] == "and" and w[i - 2] in _VERTICAL):
+            spans.append((i, i + 4, tuple(f"{v} and {' '.join(w[i:i + 4])}" for v in _VERTICAL)))
+    spans = [(i, j, new) for i, j, options in spans if (new := [o for o in options if c.allowed(o)])]
+    if not spans:
+        return None
+    i, j, options = _pick(rng, spans)
+    return c.rewrite({(i, j): _pick(rng, options)})
+
+
 _EDITS = {"swap_attribute": _swap_attribute, "swap_noun": _swap_noun, "replace_attribute": _replace_attribute,
-          "replace_noun": _replace_noun, "flip_relation": _flip_relation}
+          "replace_noun": _replace_noun, "flip_relation": _flip_relation, "add_axis": _add_axis}
 
 
-def _check_kinds(kinds: Sequence[str]) -> None:
+def check_kinds(kinds: Sequence[str]) -> None:
+    """Raise ValueError naming the kinds that are not edit kinds (``ALL_EDIT_KINDS``)."""
     bad = [k for k in kinds if k not in _EDITS]
     if bad:
-        raise ValueError(f"unknown caption edit kind(s) {bad}; choose from {list(EDIT_KINDS)}")
+        raise ValueError(f"unknown caption edit kind(s) {bad}; choose from {list(ALL_EDIT_KINDS)}")
 
 
 def edit_caption(caption: str, kind: str, rng: np.random.Generator,
@@ -256,13 +290,13 @@ def edit_caption(caption: str, kind: str, rng: np.random.Generator,
     ``vocabulary`` (lower-case words), when given, limits the words an edit may bring in — e.g. the
     shapes world's ``ShapesWorld.vocabulary()``, so that a negative is not told apart by an unknown word.
     """
-    _check_kinds([kind])
+    check_kinds([kind])
     return _EDITS[kind](_Caption(caption, vocabulary), rng)
 
 
 def check_kind_weights(weights: Mapping[str, float], kinds: Sequence[str] = EDIT_KINDS) -> None:
     """Raise ValueError unless ``weights`` maps some of ``kinds`` to positive finite numbers."""
-    _check_kinds(list(weights))
+    check_kinds(list(weights))
     outside = [k for k in weights if k not in kinds]
     if outside:
         raise ValueError(f"edit kind weight(s) for {outside}, which are not among the kinds drawn from {list(kinds)}; "
@@ -283,7 +317,7 @@ def caption_negatives(caption: str, rng: np.random.Generator, n: int = 1,
     distinct edits (none for a caption without lexicon words). Deterministic given the state of ``rng``
     (no weights: the same draws as before weights existed); ``vocabulary`` as in :func:`edit_caption`.
     """
-    _check_kinds(kinds)
+    check_kinds(kinds)
     if weights:
         check_kind_weights(weights, kinds)
     c, pool, out = _Caption(caption, vocabulary), list(kinds), []

@@ -13,7 +13,7 @@ from typing import Annotated, ClassVar
 
 from mmgeo.config import FieldsOf, load_config
 from mmgeo.data import MAX_PIXELS
-from mmgeo.data.caption_edits import EDIT_KINDS, check_kind_weights
+from mmgeo.data.caption_edits import EDIT_KINDS, check_kind_weights, check_kinds
 from mmgeo.models.config import ModelConfig
 
 
@@ -42,6 +42,7 @@ class DataConfig:
     caption_negatives: int = 0  # rule-based text hard negatives per caption (NegCLIP-style word swaps / replacements /
     # relation flips of the caption itself, mmgeo.data.caption_edits; any dataset), extra negatives of image->text
     negative_kinds: list[str] = field(default_factory=lambda: list(EDIT_KINDS))  # caption edit kinds to draw from
+    # (add_axis too, for data whose one-axis relations mean the other axis is level: the shapes world)
     negative_weights: dict[str, float] = field(default_factory=dict)  # relative draw weight of edit kinds (1 for
     # a kind not named), e.g. {replace_noun: 3} for more noun-replacing negatives; empty = uniform
     partial_captions: float = 0.0  # share of items whose caption is cut to a sub-caption of 1-2 of its object
@@ -76,6 +77,7 @@ class DataConfig:
             raise ValueError(f"data.caption_groups_by={self.caption_groups_by!r}: use tfidf or superset")
         if self.mask_true_of not in ("all", "sub_captions"):
             raise ValueError(f"data.mask_true_of={self.mask_true_of!r}: use all or sub_captions")
+        check_kinds(self.negative_kinds)
         if self.negative_weights:
             check_kind_weights(self.negative_weights, self.negative_kinds)
 

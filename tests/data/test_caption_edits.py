@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from mmgeo.data import ShapesWorld
-from mmgeo.data.caption_edits import _NOUN_GROUPS, EDIT_KINDS, NOUNS, caption_negatives, edit_caption
+from mmgeo.data.caption_edits import _NOUN_GROUPS, ALL_EDIT_KINDS, EDIT_KINDS, NOUNS, caption_negatives, edit_caption
+from mmgeo.data.shapes_grammar import describes, parse
 
 # Flickr30K-style sentences (written for these tests): colours, sizes, nouns, relations, case, punctuation.
 FLICKR = [
@@ -190,3 +191,49 @@ def test_kind_weights_make_a_kind_likelier_and_bad_weights_are_refused():
             caption_negatives(caption, np.random.default_rng(0), n=1, weights=weights)
     with pytest.raises(ValueError, match="not among the kinds"):
         caption_negatives(caption, np.random.default_rng(0), n=1, kinds=SWAPS, weights={"replace_noun": 2})
+
+
+@pytest.mark.parametrize("caption, expected", [
+    ("a big red circle in the top left with a small blue square below it",
+     {"a big red circle in the top left with a small blue square below and to the left of it",
+      "a big red circle in the top left with a small blue square below and to the right of it"}),
+    ("a blue triangle above a red square",
+     {"a blue triangle above and to the left of a red square",
+      "a blue triangle above and to the right of a red square"}),
+    ("A green square to the left of a yellow circle .",
+     {"A green square above and to the left of a yellow circle .",
+      "A green square below and to the left of a yellow circle ."}),
+])
+def test_add_axis_gives_the_relation_its_other_axis(caption, expected):
+    assert {_edit(caption, "add_axis", s) for s in range(30)} == expected
+
+
+@pytest.mark.parametrize("caption", [
+    "a blue triangle below and to the left of a red square",  # both axes stated already
+    "a small red square in the top right and a big green circle on the left",  # places, no relation
+    "A man stands to the left .",  # no "of": not a relation between two objects
+])
+def test_add_axis_none_without_a_one_axis_relation(caption):
+    assert _edit(caption, "add_axis") is None
+
+
+def test_add_axis_is_false_of_the_scene_in_the_shapes_world():
+    """The grammar writes both axes, so a one-axis relation means the other is level: the edit is a negative."""
+    ds, edited = ShapesWorld("test", size=200), 0
+    for i in range(len(ds)):
+        scene = ds.scene(i)
+        for cap in ds[i][1]:
+            out = _edit(cap, "add_axis", i)
+            if out is not None:
+                edited += 1
+                assert describes(cap, scene) and parse(out) is not None and not describes(out, scene), (cap, out)
+    assert edited >= 50, edited
+
+
+def test_add_axis_is_named_not_drawn_by_default():
+    assert "add_axis" not in EDIT_KINDS and "add_axis" in ALL_EDIT_KINDS
+    cap = "a blue triangle below a red square"
+    drawn = {n for s in range(40) for n in caption_negatives(cap, np.random.default_rng(s), 2)}
+    assert not any("and to the" in n for n in drawn)
+    drawn = {n for s in range(40) for n in caption_negatives(cap, np.random.default_rng(s), 2, kinds=ALL_EDIT_KINDS)}
+    assert any("below and to the" in n for n in drawn)
