@@ -40,6 +40,23 @@ def crash_point(name: str, rank: int | None = None) -> None:
 # and ~10 s on a busy one (tcp_user_timeout, ms), not after the kernel's two hours; Unix sockets ignore them
 KEEPALIVES = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 3, "keepalives_count": 3,
               "tcp_user_timeout": 10_000}
+# JIT off: a server built with it compiles a plan's expressions at every execution whose estimated cost passes
+# jit_above_cost (100,000), and the batched first stage's estimate does at a million rows (148,000, IVFFlat, rows
+# with codes) for a search of a few ms; no statement of the gallery gains from compiling. Not measured here: the
+# embedded server (pgserver) is built without JIT (pg_jit_available() is false)
+SESSION_SETTINGS = {"jit": "off"}
+
+
+def session_options(conninfo: str, statement_timeout: float | None = None) -> str:
+    """libpq's ``options`` for the gallery's connections: ``SESSION_SETTINGS`` and ``statement_timeout`` (seconds)
+    first, then the URL's own ``options`` (or ``PGOPTIONS`` when it has none, as libpq would), which win where both
+    set one. Passing ``options`` replaces the URL's, so they are kept here, not dropped."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    ours = {**SESSION_SETTINGS, **({"statement_timeout": str(int(statement_timeout * 1000))}
+                                   if statement_timeout else {})}
+    theirs = conninfo_to_dict(conninfo).get("options") or os.environ.get("PGOPTIONS", "")
+    return " ".join([*(f"-c {k}={v}" for k, v in ours.items()), *([str(theirs).strip()] if theirs else [])])
 
 
 COLLECTION: contextvars.ContextVar[str | None] = contextvars.ContextVar("mmgeo_collection", default=None)
@@ -125,7 +142,8 @@ class Database:
     """Connections to one PostgreSQL database: a ``psycopg_pool.ConnectionPool`` when that package is installed,
     else one connection behind a lock. Connections are in autocommit mode (a write opens its own transaction);
     ``connect_timeout`` bounds a new connection, ``pool_timeout`` the wait for a free one, ``statement_timeout``
-    (seconds, None: none) every statement. Unreachable or too slow: ``DatabaseError``."""
+    (seconds, None: none) every statement; every session has ``SESSION_SETTINGS`` (``session_options``).
+    Unreachable or too slow: ``DatabaseError``."""
 
     def __init__(self, url: str, *, pool_size: int = 4, connect_timeout: float = 5.0, pool_timeout: float = 10.0,
                  statement_timeout: float | None = None, application_name: str = "mmgeo"):
@@ -138,10 +156,9 @@ class Database:
         self.conninfo = connection_url(url)
         self.display = display_url(url)
         self.pool_timeout = pool_timeout
-        options = f"-c statement_timeout={int(statement_timeout * 1000)}" if statement_timeout else ""
         self.kwargs = {"autocommit": True, "connect_timeout": max(1, round(connect_timeout)),
-                       "application_name": application_name, **({"options": options} if options else {}),
-                       **KEEPALIVES}
+                       "application_name": application_name,
+                       "options": session_options(self.conninfo, statement_timeout), **KEEPALIVES}
         try:
             from psycopg_pool import ConnectionPool
         except ImportError:

@@ -98,6 +98,32 @@ def test_local_refuses_a_folder_of_other_files(tmp_path):
         Database(f"local:{tmp_path / 'f'}")
 
 
+def test_sessions_run_without_jit_and_keep_the_urls_own_options(pg_url, monkeypatch):
+    """JIT is off for the gallery's sessions (``SESSION_SETTINGS``), and what the URL's ``options`` or PGOPTIONS set
+    is kept beside the service's statement_timeout, winning where both set one (it was dropped before)."""
+    def settings(url):
+        with Database(url, statement_timeout=3.0) as db, db.connection() as conn:
+            return [conn.execute(f"SHOW {s}").fetchone()[0] for s in ("jit", "search_path", "statement_timeout")]
+
+    monkeypatch.delenv("PGOPTIONS", raising=False)
+    assert settings(pg_url) == ["off", '"$user", public', "3s"]
+    own = "options=-c%20search_path%3Delsewhere%2Cpublic%20-c%20statement_timeout%3D7000"
+    assert settings(f"{pg_url}{'&' if '?' in pg_url else '?'}{own}") == ["off", "elsewhere,public", "7s"]
+    monkeypatch.setenv("PGOPTIONS", "-c search_path=from_env")
+    assert settings(pg_url) == ["off", "from_env", "3s"]
+
+
+def test_a_gallery_in_another_schema_is_read_from_it(model, split, pg_url):
+    """One gallery per schema (docs/serve.md): built through a URL whose ``options`` set the search_path, it is the
+    one a reader with the service's statement_timeout opens, not the empty ``public`` schema."""
+    query(pg_url, "CREATE SCHEMA other")
+    url = f"{pg_url}{'&' if '?' in pg_url else '?'}options=-csearch_path%3Dother"
+    assert build_db_from_embedding(model, split.images, url, codec="fp16")["added"] == N_IMAGES
+    assert query(pg_url, "SELECT to_regclass('public.mmgeo_images') IS NULL") == [(True,)]
+    with DbGallery(url, statement_timeout=10.0) as db:
+        assert db.count == N_IMAGES
+
+
 def test_pgvector_hnsw_inner_product_works(pg_url):
     with psycopg.connect(pg_url, autocommit=True) as conn:
         conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
