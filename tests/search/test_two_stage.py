@@ -7,7 +7,7 @@ import torch
 
 import mmgeo
 from mmgeo.models import Embedding
-from mmgeo.search.two_stage import rerank_scores, search_text
+from mmgeo.search.two_stage import max_over_patches, rerank_scores, search_text
 from tests.conftest import TINY
 
 TIE = 1e-5  # scores this close may swap between code paths (BLAS rounding differs by CPU): ids compared up to ties
@@ -18,6 +18,14 @@ def assert_topk_up_to_ties(ids, scores_row, k: int) -> None:
     up to ``TIE`` (so near-tied items may come in either order)."""
     assert len(ids) == k and len(set(ids.tolist())) == k
     np.testing.assert_allclose(scores_row[ids], np.sort(scores_row)[::-1][:k], rtol=0, atol=TIE)
+
+
+@pytest.mark.parametrize("patches", [1, 2, 7, 16, 36, 49])
+def test_max_over_patches_is_amax(patches):
+    """The halving max equals torch's amax over the patch dimension, odd counts and masked (-inf) patches too."""
+    x = torch.randn(2, 5, patches, 3)
+    x[:, 1, : patches // 2] = float("-inf")
+    torch.testing.assert_close(max_over_patches(x), x.amax(2, keepdim=True), rtol=0, atol=0)
 
 
 def test_rerank_over_all_images_is_exact_search(ranked):
