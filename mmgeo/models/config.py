@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+IMAGE_ARGS_OWNED = {"img_size": "image_size", "patch_size": "patch_size", "num_classes": "none (the tower has no classifier)",
+                    "embed_dim": "image_embed_dim", "depth": "image_depth", "num_heads": "image_heads",
+                    "pretrained": "image_pretrained"}  # timm.create_model arguments the fields set
+
 
 @dataclass
 class ModelConfig:
@@ -29,6 +33,9 @@ class ModelConfig:
     image_mean: tuple[float, float, float] | None = None  # normalisation mean; None = the backbone's data config
     image_std: tuple[float, float, float] | None = None  # normalisation std; None = the backbone's data config
     image_interpolation: str | None = None  # resize interpolation; None = the backbone's data config
+    image_backbone_args: dict = field(default_factory=dict)  # more keyword arguments of timm.create_model for the
+    # backbone, e.g. {"init_values": 1.0} to start a RoPE ViT's layer scale at 1 (timm drops None values); not those
+    # the fields above set
     # --- attention space and scores ---
     score: str = "geometric"  # "geometric" (geometric + global scores) or "global" (CLIP baseline)
     num_heads: int = 2  # H: heads of the attention space
@@ -70,6 +77,10 @@ class ModelConfig:
                              "set it to 0")
         if self.image_size % self.patch_size:
             raise ValueError(f"image_size {self.image_size} must be a multiple of patch_size {self.patch_size}")
+        owned = sorted(set(self.image_backbone_args) & set(IMAGE_ARGS_OWNED))
+        if owned:
+            raise ValueError(f"image_backbone_args sets {', '.join(owned)}: give "
+                             f"{', '.join(IMAGE_ARGS_OWNED[k] for k in owned)} instead")
         if self.image_stem_full_res and not self.image_conv_stem:
             raise ValueError("image_stem_full_res adds a layer to the conv stem: set image_conv_stem true as well")
         if self.image_mean is not None:

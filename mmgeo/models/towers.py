@@ -91,6 +91,7 @@ def build_image_tower(cfg) -> nn.Module:
     for key, value in (("embed_dim", cfg.image_embed_dim), ("depth", cfg.image_depth), ("num_heads", cfg.image_heads)):
         if value:
             kwargs[key] = value
+    kwargs.update(cfg.image_backbone_args)
     try:
         vit = timm.create_model(cfg.image_backbone, pretrained=cfg.image_pretrained, **kwargs)
     except (OSError, RuntimeError, pickle.UnpicklingError) as err:

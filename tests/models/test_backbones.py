@@ -72,6 +72,22 @@ def test_backbone_builds_offline_trains_a_step_and_round_trips(kind, mean, bert_
     torch.testing.assert_close(again.encode_image(images).pooled, model.encode_image(images).pooled)
 
 
+def test_image_backbone_args_reach_timm_and_round_trip(tmp_path):
+    """``image_backbone_args`` go to timm.create_model (a RoPE ViT's layer scale started at 1, not its 1e-5), travel
+    in the checkpoint, and may not set what the config's own fields set."""
+    torch.manual_seed(0)
+    args = {"image_backbone": "vit_small_patch16_rope_mixed_ape_224", "image_backbone_args": {"init_values": 1.0}}
+    model = mmgeo.create_model("geo-tiny", **{**TINY, **args}).eval()
+    assert type(model.image_encoder).__name__ == "Eva"
+    assert all(bool((b.gamma_1 == 1.0).all()) for b in model.image_encoder.blocks)
+    again = mmgeo.load_model(mmgeo.save_model(model, tmp_path / "model.pt"))
+    assert again.cfg.image_backbone_args == {"init_values": 1.0}
+    images = [Image.new("RGB", (40, 40), (200, 40 * i, 90)) for i in range(2)]
+    torch.testing.assert_close(again.encode_image(images).pooled, model.encode_image(images).pooled)
+    with pytest.raises(ValueError, match="sets depth, embed_dim: give image_depth, image_embed_dim instead"):
+        mmgeo.create_model("geo-tiny", **{**TINY, "image_backbone_args": {"depth": 2, "embed_dim": 64}})
+
+
 def test_missing_downloads_name_what_to_fetch():
     with pytest.raises(MissingDownloadError, match="huggingface-cli download mmgeo-test/no-such-bert"):
         mmgeo.create_model("geo-tiny", **{**TINY, "text_backbone": "mmgeo-test/no-such-bert"})
