@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-IMAGE_ARGS_OWNED = {"img_size": "image_size", "patch_size": "patch_size", "num_classes": "none (the tower has no classifier)",
-                    "embed_dim": "image_embed_dim", "depth": "image_depth", "num_heads": "image_heads",
-                    "pretrained": "image_pretrained"}  # timm.create_model arguments the fields set
+IMAGE_ARGS_OWNED = {  # timm.create_model arguments the fields set -> what to give instead
+    "img_size": "image_size", "patch_size": "patch_size", "num_classes": "none (the tower has no classifier)",
+    "embed_dim": "image_embed_dim", "depth": "image_depth", "num_heads": "image_heads",
+    "pretrained": "image_pretrained"}
 
 
 @dataclass
