@@ -2,12 +2,13 @@
 query's candidates from an fp16 and a coded store — this tree against another checkout or commit.
 
     python -m benchmarks.cpu_score [--compare REF] [--captions 5000] [--images 1000] [--threads 2] [--repeats 2]
-                                   [--gallery 5000] [--codec rq8] [--queries 200] [--json out.json]
+                                   [--gallery 5000] [--codec rq8] [--queries 200] [--logit-scale 1] [--json out.json]
     python -m benchmarks.cpu_score --captions 40 --images 20 --gallery 300 --queries 5    # smoke run, seconds
 
 Inputs are random and seeded, shaped like the default model (``geo-tiny``: heads, d_a, d_e and patches from this
 tree's registry; each caption's real tokens drawn uniformly from --tokens LO HI, the synthetic captions' range), and
-saved once, so every checkout scores the same numbers. "exact": ``pair_score_reference`` of every (caption, image)
+saved once, so every checkout scores the same numbers; ``--logit-scale`` scales the queries, so that the
+softmaxes need the max shift a trained model's do. "exact": ``pair_score_reference`` of every (caption, image)
 pair with --threads threads, what eval's exact scoring runs on CPU. "rerank": ``rerank_candidates`` of each of
 --queries captions against 100 random ids of a random gallery of --gallery images (built here once per codec, fp16
 and --codec, and read by every checkout), one thread, median ms per query. Each checkout is measured in its own
@@ -60,7 +61,7 @@ def make_inputs(args, tmp: Path) -> dict:
     g = torch.Generator().manual_seed(0)
     n = torch.randint(lo, hi + 1, (args.captions,), generator=g)  # real tokens per caption
     T = hi
-    data = {"q": torch.randn(args.captions, H, T, d_a, generator=g),
+    data = {"q": args.logit_scale * torch.randn(args.captions, H, T, d_a, generator=g),
             "u": F.normalize(torch.randn(args.captions, H, T, d_e, generator=g), dim=-1),
             "q_mask": torch.arange(T)[None] < n[:, None],
             "k": torch.randn(args.images, H, S, d_a, generator=g),
@@ -75,7 +76,7 @@ def make_inputs(args, tmp: Path) -> dict:
                              index_type="flat", codec=codec)
         log(f"  {time.perf_counter() - t:.0f} s")
         galleries[codec] = str(tmp / f"gallery-{codec}")
-    shape = {"H": H, "T": T, "S": S, "d_a": d_a, "d_e": d_e, "tokens": [lo, hi]}
+    shape = {"H": H, "T": T, "S": S, "d_a": d_a, "d_e": d_e, "tokens": [lo, hi], "logit_scale": args.logit_scale}
     # the two GEMMs per head of exact scoring, <q_t, k_j> and <u_t, v_j>, over every real token and patch
     flops = 2 * int(n.sum()) * args.images * S * H * (d_a + d_e)
     return {"inputs": str(tmp / "inputs.pt"), "galleries": galleries, "shape": shape, "gemm_flops": flops}
@@ -103,6 +104,8 @@ def main() -> None:
     p.add_argument("--codec", default="rq8", help="the coded store measured beside fp16")
     p.add_argument("--queries", type=int, default=200, help="re-ranked queries (100 candidates each)")
     p.add_argument("--repeats", type=int, default=2, help="measurements per checkout, alternating")
+    p.add_argument("--logit-scale", type=float, default=1.0, help="queries scaled by this: at 1 every logit stays "
+                   "under SAFE_LOGIT and no softmax needs its max shift; a trained model's often do (e.g. 10)")
     add_json(p)
     args = p.parse_args()
     with checkout_of(args.compare, log) as ref, tempfile.TemporaryDirectory(prefix="cpu_score-") as tmp:

@@ -285,9 +285,14 @@ def test_cpu_score_compares_two_checkouts_on_the_same_numbers(tmp_path):
     assert floor["gemm_peak_gflops"] > 0 and "arithmetic floor" in res.stdout
     from benchmarks.cpu_score import make_inputs
 
-    ns = argparse.Namespace(captions=12, images=7, tokens=[20, 41], gallery=40, codec="sq8")
+    ns = argparse.Namespace(captions=12, images=7, tokens=[20, 41], gallery=40, codec="sq8", logit_scale=1.0)
     made = make_inputs(ns, tmp_path)
     d = torch.load(made["inputs"], weights_only=True)
+    (tmp_path / "x3").mkdir()
+    scaled = torch.load(make_inputs(argparse.Namespace(**{**vars(ns), "logit_scale": 3.0}), tmp_path / "x3")["inputs"],
+                        weights_only=True)  # --logit-scale: the same queries, scaled
+    torch.testing.assert_close(scaled["q"], 3.0 * d["q"])
+    torch.testing.assert_close(scaled["k"], d["k"])
     H, S, d_a, d_e = d["q"].shape[1], d["k"].shape[2], d["q"].shape[-1], d["u"].shape[-1]
     assert made["gemm_flops"] == floor["gemm_flops"] == 2 * int(d["q_mask"].sum()) * 7 * S * H * (d_a + d_e)
     assert floor["gemm_s"] == pytest.approx(floor["gemm_flops"] / floor["gemm_peak_gflops"] / 1e9)
