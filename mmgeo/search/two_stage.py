@@ -61,8 +61,8 @@ def table_scores(lut_k: torch.Tensor, lut_v: torch.Tensor, key_rows: torch.Tenso
     per_token = (flow.sum(2) / total).sum(0).T  # (n, K)
     if not explained:
         return per_token
-    explained = flow.clamp_(min=0).div_(total[:, :, None])  # a_tj max(<u_t, v_j>, 0), as a_tj > 0
-    return per_token, explained.mean(0).amax(-1)  # (K, S): m_j of mmgeo.kernels.coverage
+    a_uv = flow.clamp_(min=0).div_(total[:, :, None])  # (H, K, S, n): a_tj max(<u_t, v_j>, 0), as a_tj > 0
+    return per_token, a_uv.mean(0).amax(-1)  # (K, S): m_j of mmgeo.kernels.coverage
 
 
 def max_over_patches(x: torch.Tensor) -> torch.Tensor:
