@@ -2,7 +2,9 @@
 
 import numpy as np
 import pytest
+import torch
 
+from mmgeo.data.caption_edits import caption_negatives
 from mmgeo.data.caption_groups import (
     caption_neighbours,
     caption_true_of,
@@ -10,8 +12,10 @@ from mmgeo.data.caption_groups import (
     grouped_order,
     phrase_words,
     superset_neighbours,
+    true_of,
     true_pairs,
 )
+from mmgeo.data.caption_parts import object_phrases
 from mmgeo.data.shapes import ShapesWorld
 
 
@@ -52,6 +56,25 @@ def test_true_pairs_leave_the_diagonal_out():
               _image("a big purple circle in the center and a small red square on the left")]
     got = true_pairs([phrase_words(c) for c in captions], images)
     assert got.tolist() == [[False, False, True], [False, False, True], [True, False, False]]
+
+
+def test_true_of_is_the_rule_for_every_pair():
+    """The matrix form equals caption_true_of pair by pair: shapes-world captions, their object phrases alone (true
+    of several images), rule edits (seldom true), a caption without phrases, and the place cases above."""
+    world = ShapesWorld("train", image_size=32, size=40)
+    rng = np.random.default_rng(0)
+    captions = [c for i in range(len(world)) for c in world.captions(i)[:2]]
+    queries = captions + [p for c in captions[:20] for p in object_phrases(c)] + [""] + [
+        n for c in captions[:40] for n in caption_negatives(c, rng, n=2)] + [
+        "a big green triangle in the middle", "a big green triangle", "a green triangle in the bottom middle"]
+    images = [_image(*world.captions(i)) for i in range(len(world))] + [
+        [], _image("a big green triangle in the bottom middle"), _image("a big green triangle in the middle")]
+    words = [phrase_words(q) for q in queries]
+    got = true_of(words, images)
+    want = torch.tensor([[caption_true_of(c, image) for image in images] for c in words])
+    assert got.dtype == torch.bool and torch.equal(got, want)
+    assert 100 < int(want.sum()) < want.numel() // 4  # many true pairs and many false: the test can tell them apart
+    assert true_of([], images).shape == (0, len(images)) and not true_of(words, [[]]).any()
 
 
 @pytest.mark.parametrize("dense_limit", [1 << 25, 0], ids=["dense", "sparse"])
