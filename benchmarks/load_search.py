@@ -4,6 +4,7 @@ on.
     python -m benchmarks.load_search [--count 100000] [--clients 1 8 32] [--seconds 8] [--max-requests 3000]
                                      [--client raw|httpx] [--codec fp16|sq8|pq8|...] [--keep-patches N]
                                      [--rerank off|on|both] [--server-args ARGS ...] [--rounds R]
+                                     [--warmup-seconds S]
                                      [--db local:DIR|URL [--db-count N] [--hnsw-m M] [--hnsw-ef-construction E]
                                       [--db-ef-search EF] [--recall-ef EF ...] [--recall-ckpt CKPT]]
 
@@ -20,6 +21,8 @@ Side by side: ``--server-args`` given several times names server variants (e.g. 
 --server-args "--batch-workers 2"``); each of ``--rounds`` rounds starts every variant in turn on the same gallery
 and runs its settings, and a summary gives each variant's median QPS, every round's p99 and their median, and its
 median CPU per request: one run, alternated, so a slow spell of the machine does not land on one variant alone.
+The first setting after a server starts is often its slowest (caches, the database's buffers, a first batch);
+``--warmup-seconds S`` runs S seconds of unrecorded load after each start, so the rounds measure a warm service.
 
 Database: ``--db local:DIR`` (or a postgresql:// URL) serves the same gallery from PostgreSQL + pgvector beside the
 folder (``--codec rq8``: the folder's rows, codes and codebooks loaded into the database, ``benchmarks.load_db``),
@@ -380,6 +383,9 @@ def main(argv=None) -> int:
     p.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32])
     p.add_argument("--rerank", default="both", choices=["off", "on", "both"], help="which settings to run")
     p.add_argument("--seconds", type=float, default=8.0, help="time limit per setting")
+    p.add_argument("--warmup-seconds", type=float, default=0.0, metavar="S",
+                   help="after each server start, S seconds of load at the largest --clients and the first "
+                        "re-rank setting, not recorded: the rounds then measure a warm service, not its start")
     p.add_argument("--max-requests", type=int, default=3000, help="request limit per setting")
     p.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "mmgeo-load-bench"))
     p.add_argument("--client", default="raw", choices=["raw", "httpx"],
@@ -455,7 +461,7 @@ def main(argv=None) -> int:
                 for c in args.clients]
     import httpx
 
-    rows = []
+    rows, warmups = [], []
 
     def serve_and_measure(label: str, rnd: int) -> None:
         """Start the server variant, run every setting against it (rows in the order they ran), stop it."""
@@ -472,6 +478,12 @@ def main(argv=None) -> int:
             print(f"{'rerank':>7} {'clients':>7} {'requests':>8} {'QPS':>8} {'p50 ms':>8} {'p99 ms':>8} "
                   f"{'p99.9 ms':>8} {'max ms':>8} {'errors':>6} {'server mean ms':>14} {'server CPU ms/req':>17} "
                   f"{'client CPU ms/req':>17}" + (f" {'db CPU ms/req':>13}" if args.db else ""))
+            if args.warmup_seconds > 0:
+                w = asyncio.run(run_setting(url, texts, max(args.clients), settings[0][0], args.warmup_seconds,
+                                            args.max_requests, args.client))
+                warmups.append(w)
+                print(f"warm-up, not recorded: {w['requests']} requests in {args.warmup_seconds:g} s at "
+                      f"{max(args.clients)} client(s), {w['errors']} errors", flush=True)
             for rerank, c in settings:
                 r = measure(server, url, texts, c, rerank, args,
                             postmaster_pid(args.db) if isinstance(gallery, list) else None)
@@ -490,7 +502,7 @@ def main(argv=None) -> int:
     if args.rounds > 1 or len(variants) > 1:
         summarize(rows, variants)
     write_json(args.json, {"rows": rows, "db": db_rec} if args.db else rows)
-    return 0 if all(r["errors"] == 0 for r in rows) else 1
+    return 0 if all(r["errors"] == 0 for r in rows + warmups) else 1
 
 
 if __name__ == "__main__":

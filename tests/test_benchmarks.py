@@ -4,6 +4,7 @@ packages benchmarks and experiments import without doing work, edit no sys.path 
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -45,10 +46,11 @@ def test_load_search_reports_both_clients_without_errors(tmp_path):
 
 def test_load_search_alternates_server_variants_over_rounds_and_summarizes(tmp_path):
     """Two server variants, two rounds, re-rank on only: four rows in the order round 1 (A, B), round 2 (A, B),
-    each tagged with its variant and round, and a summary line per variant."""
+    each tagged with its variant and round, and a summary line per variant; a warm-up after each of the four server
+    starts, in no row."""
     out = tmp_path / "rows.json"
     args = [sys.executable, "-m", "benchmarks.load_search", "--count", "300", "--clients", "1", "--rerank", "on",
-            "--seconds", "2", "--max-requests", "6", "--rounds", "2", "--server-args", "",
+            "--seconds", "2", "--max-requests", "6", "--rounds", "2", "--warmup-seconds", "1", "--server-args", "",
             "--server-args", "TOKENIZERS_PARALLELISM=false --batch-workers 1", "--workdir", str(tmp_path / "work"),
             "--json", str(out)]
     res = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -60,6 +62,8 @@ def test_load_search_alternates_server_variants_over_rounds_and_summarizes(tmp_p
     assert all(r["errors"] == 0 and r["requests"] == 6 for r in rows)
     assert "over 2 rounds" in res.stdout and f"[{variant}] top100, 1 clients" in res.stdout
     assert "[defaults] top100, 1 clients" in res.stdout
+    warm = r"warm-up, not recorded: [1-9]\d* requests in 1 s at 1 client\(s\), 0 errors"
+    assert len(re.findall(warm, res.stdout)) == 4
 
 
 @pytest.mark.slow
