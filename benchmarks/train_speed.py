@@ -22,7 +22,9 @@ A lower bound: attention inside fused SDPA kernels and convolution backward are 
 Steady state: the steps after --warmup; period = batch start to next batch start, validation time removed;
 data wait = period - in-step (the loader and the loop between batches). --compare REF (commit, tag, branch or
 a checkout directory) runs ref, current, ref, current, ... (--repeats each) and reports medians and the
-current/ref ratio. Progress goes to stderr, the markdown table to stdout.
+current/ref ratio. Before them, --warmup-runs runs of the ref (1 by default with --compare) go unrecorded: on the
+2-core machines the first run of a comparison (the ref's) was its checkout's slowest in every comparison looked at,
+which favoured the current checkout. Progress goes to stderr, the markdown table to stdout.
 """
 
 from __future__ import annotations
@@ -101,15 +103,19 @@ def main() -> None:
     add_compare(p)
     p.add_argument("--repeats", type=int, default=None, help="runs per checkout, interleaved (default 2; --tiny 1)")
     p.add_argument("--batches", type=int, default=None, help="batches timed for the breakdown (default 3; --tiny 1)")
+    p.add_argument("--warmup-runs", type=int, default=None, help="runs of the first checkout before the measured "
+                   "ones, not recorded (default 1 with --compare, else 0; --tiny 0)")
     p.add_argument("--tiny", action="store_true", help="smoke size: " + " ".join(TINY))
     add_json(p)
     a = p.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
     for name, tiny, full in (("steps", 3, 40), ("warmup", 1, 10), ("batches", 1, 3), ("repeats", 1, 2)):
         if getattr(a, name) is None:
             setattr(a, name, tiny if a.tiny else full)
-    if a.steps < 2 or a.warmup < 0 or a.repeats < 1 or a.batches < 1:
+    if a.warmup_runs is None:
+        a.warmup_runs = 0 if a.tiny or a.compare is None else 1
+    if a.steps < 2 or a.warmup < 0 or a.repeats < 1 or a.batches < 1 or a.warmup_runs < 0:
         raise SystemExit("need --steps >= 2 (periods between batch starts), --warmup >= 0, --repeats >= 1, "
-                         "--batches >= 1")
+                         "--batches >= 1, --warmup-runs >= 0")
     overrides = (TINY if a.tiny else []) + overrides
     with checkout_of(a.compare, log) as ref, tempfile.TemporaryDirectory(prefix="train_speed-") as tmp:
         checkouts = {"current": ROOT} if ref is None else {"ref": ref, "current": ROOT}
@@ -121,6 +127,10 @@ def main() -> None:
             log(f"  {res['samples_per_s']:.1f} samples/s")
             return res
 
+        opener = next(iter(checkouts))  # the ref, or the only checkout
+        for i in range(a.warmup_runs):  # the first run of a comparison measured its checkout's slowest
+            log(f"warm-up run {i + 1}/{a.warmup_runs} {opener}, not recorded")
+            measure(checkouts[opener], a, overrides, Path(tmp))
         runs = alternate(checkouts, a.repeats, run)
     peak = gemm_peak(runs["current"][0]["threads"])  # after the runs: the children are gone, the cores are free
     for res in (r for rs in runs.values() for r in rs):
@@ -133,7 +143,8 @@ def main() -> None:
     first = runs["current"][0]
     env = environment()
     result = {"command": env["command"], "config": a.config, "overrides": overrides,
-              "steps": a.steps, "warmup": a.warmup, "repeats": a.repeats, "batch_size": first["batch_size"],
+              "steps": a.steps, "warmup": a.warmup, "repeats": a.repeats, "warmup_runs": a.warmup_runs,
+              "batch_size": first["batch_size"],
               "torch": first["torch"], "threads": first["threads"], "cpu": env["cpu"], "cpus": env["cpus"],
               "environment": env,
               "checkouts": {k: {"path": str(v), "commit": commits[k], "runs": runs[k], "median": med[k]}

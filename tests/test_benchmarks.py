@@ -167,10 +167,12 @@ def test_train_speed_tiny(tmp_path):
     One torch thread: on a shared 2-core machine two threads can be many times slower (and the test much longer)."""
     out = tmp_path / "speed.json"
     args = [sys.executable, "-m", "benchmarks.train_speed", "--tiny", "--steps", "3", "--warmup", "1",
-            "--json", str(out), "--compare", str(ROOT), "--", "--trainer.threads", "1"]
+            "--warmup-runs", "1", "--json", str(out), "--compare", str(ROOT), "--", "--trainer.threads", "1"]
     res = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
     data = json.loads(out.read_text())
+    assert data["warmup_runs"] == 1 and "warm-up run 1/1 ref, not recorded" in res.stderr
+    assert res.stderr.index("warm-up run 1/1 ref") < res.stderr.index("repeat 1/1 ref")
     assert {"command", "config", "torch", "threads", "cpu", "checkouts", "ratio", "ratio_samples_per_s"} <= set(data)
     assert data["threads"] == 1 and data["ratio_samples_per_s"] > 0
     for label in ("ref", "current"):
