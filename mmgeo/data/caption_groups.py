@@ -60,20 +60,21 @@ def caption_true_of(caption: list[frozenset[str]], image: list[frozenset[str]]) 
 def true_of(captions: list[list[frozenset[str]]], images: list[list[frozenset[str]]]) -> torch.Tensor:
     """(N, B) bool: [n, j] when caption n is true of image j (``caption_true_of``), every pair — computed at once
     on word-incidence matrices (a training batch asks ~12,000 pairs; one by one they took most of the data
-    worker's time): ``_inside`` for every pair of phrases as two products of 0/1 matrices, then any over each
-    image's phrases and all over each caption's, as counts. Counts are small integers, exact in float32."""
+    worker's time): ``_inside`` for every pair of phrases as one product of 0/1 matrices over the caption phrases'
+    words and a comparison of place-word counts, then any over each image's phrases and all over each caption's, as
+    counts. Counts are small integers, exact in float32."""
     N, B = len(captions), len(images)
     phrases = [p for c in captions for p in c]  # P caption phrases
     targets = [q for image in images for q in image]  # Q image phrases
     if not phrases or not targets:
         return torch.zeros(N, B, dtype=torch.bool)
-    column = {w: i for i, w in enumerate(sorted(set().union(*phrases, *targets)))}
-    place = torch.tensor([w in PLACE_WORDS for w in column], dtype=torch.float32)  # (V,)
+    column = {w: i for i, w in enumerate(sorted(set().union(*phrases)))}  # V: only a caption phrase's words decide
     p, q = _incidence(phrases, column), _incidence(targets, column)  # (P, V), (Q, V)
-    subset = (p @ (1 - q).T) == 0  # (P, Q): p's words among q's
-    p_place, q_place = p * place, q * place  # (P, V), (Q, V): place words only
-    # (P, Q): p names no place, or q's place words are among p's (with subset: the same place words)
-    same_place = (p_place.sum(1, keepdim=True) == 0) | ((q_place @ (1 - p_place).T).T == 0)
+    subset = (p @ q.T) == p.sum(1, keepdim=True)  # (P, Q): every word of p is one of q's
+    p_place = torch.tensor([len(x & PLACE_WORDS) for x in phrases])  # (P,) place words of each caption phrase
+    q_place = torch.tensor([len(x & PLACE_WORDS) for x in targets])  # (Q,)
+    # (P, Q): p names no place, or as many as q (with subset, p's place words are among q's: then they are q's)
+    same_place = (p_place[:, None] == 0) | (p_place[:, None] == q_place[None, :])
     inside = (subset & same_place).float()  # (P, Q)
     by_image = _one_hot([j for j, image in enumerate(images) for _ in image], B)  # (Q, B)
     by_caption = _one_hot([n for n, c in enumerate(captions) for _ in c], N)  # (P, N)
@@ -83,10 +84,12 @@ def true_of(captions: list[list[frozenset[str]]], images: list[list[frozenset[st
 
 
 def _incidence(phrases: list[frozenset[str]], column: dict[str, int]) -> torch.Tensor:
-    """(len(phrases), V) float32 0/1: which words each phrase holds."""
+    """(len(phrases), V) float32 0/1: which of the words in ``column`` each phrase holds (others are left out)."""
     out = torch.zeros(len(phrases), len(column))
-    rows = [i for i, p in enumerate(phrases) for _ in p]
-    out[rows, [column[w] for p in phrases for w in p]] = 1
+    cells = [(i, column[w]) for i, p in enumerate(phrases) for w in p if w in column]
+    if cells:
+        rows, cols = zip(*cells)
+        out[list(rows), list(cols)] = 1
     return out
 
 

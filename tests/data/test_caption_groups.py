@@ -60,15 +60,18 @@ def test_true_pairs_leave_the_diagonal_out():
 
 def test_true_of_is_the_rule_for_every_pair():
     """The matrix form equals caption_true_of pair by pair: shapes-world captions, their object phrases alone (true
-    of several images), rule edits (seldom true), a caption without phrases, and the place cases above."""
+    of several images), rule edits (seldom true), a caption without phrases, the place cases above and Flickr-style
+    phrases."""
     world = ShapesWorld("train", image_size=32, size=40)
     rng = np.random.default_rng(0)
     captions = [c for i in range(len(world)) for c in world.captions(i)[:2]]
     queries = captions + [p for c in captions[:20] for p in object_phrases(c)] + [""] + [
         n for c in captions[:40] for n in caption_negatives(c, rng, n=2)] + [
-        "a big green triangle in the middle", "a big green triangle", "a green triangle in the bottom middle"]
+        "a big green triangle in the middle", "a big green triangle", "a green triangle in the bottom middle",
+        "A dog runs", "a brown dog"]
     images = [_image(*world.captions(i)) for i in range(len(world))] + [
-        [], _image("a big green triangle in the bottom middle"), _image("a big green triangle in the middle")]
+        [], _image("a big green triangle in the bottom middle"), _image("a big green triangle in the middle"),
+        _image("A black dog runs through the grass.", "A dog in the grass.")]  # words no query phrase holds
     words = [phrase_words(q) for q in queries]
     got = true_of(words, images)
     want = torch.tensor([[caption_true_of(c, image) for image in images] for c in words])
