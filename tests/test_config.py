@@ -25,7 +25,7 @@ def test_dotted_overrides_and_types():
     cfg = load_config(TrainConfig, "configs/synthetic.yaml",
                       ["--trainer.max_steps", "7", "--model_args.d_a=64", "--optim.lr", "3e-4"])
     assert cfg.trainer.max_steps == 7 and cfg.optim.lr == 3e-4
-    assert cfg.model_args == {"image_conv_stem": True, "d_a": 64}  # merged into the config's own model_args
+    assert cfg.model_args == {"image_conv_stem": True, "text_dropout": 0.0, "d_a": 64}  # merged into the config's own
     assert parse_overrides(["--a.b.c", "[1, 2]"]) == {"a": {"b": {"c": [1, 2]}}}
 
 

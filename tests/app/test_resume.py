@@ -1,7 +1,8 @@
 """Fault tolerance of train.py: SIGKILL mid-epoch, --resume, same weights and same samples.
 
 Training runs as a real subprocess so that the kill is a real SIGKILL. The uninterrupted reference and the
-killed + resumed run use the same config; dropout is on (per-step seeds make it reproducible).
+killed + resumed run use the same config; dropout is on (0.1; the default config has none), and per-step seeds
+make it reproducible.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ def _args(out: Path, name: str, *extra: str, config: str = "configs/synthetic.ya
             "--trainer.checkpoint_every_n_steps", str(EVERY), "--trainer.log_samples", "true",
             "--trainer.val_every_n_steps", "0", "--trainer.log_every_n_steps", "1", "--trainer.threads", "1",
             "--data.train_size", str(ITEMS), "--data.val_size", "0", "--data.num_workers", "1",
-            "--aids.diagnostics_every_n_steps", "0", *extra]
+            "--aids.diagnostics_every_n_steps", "0", "--model_args.text_dropout", "0.1", *extra]
     for k, v in TINY.items():
         args += [f"--model_args.{k}", str(v)]
     return args
