@@ -167,7 +167,7 @@ def breakdown(train, spec: dict, batches: int) -> tuple[dict[str, float | None],
         piece("text_fwd", lambda: model.forward_text(state["collate"]["input_ids"], state["collate"]["attention_mask"]),
               rec)
         piece("image_fwd", lambda: model.forward_image(state["collate"]["pixels"]), rec)
-        piece("loss", lambda: _loss(losses, model, state, cfg), rec)
+        piece("loss", lambda: _loss(losses, module, state, cfg), rec)
         piece("backward", lambda: state["loss"].backward(), rec)
         piece("optimizer", lambda: (opt.step(), opt.zero_grad(set_to_none=True)), rec)
     gflop, batch_keys = None, next(keys, None)
@@ -177,7 +177,7 @@ def breakdown(train, spec: dict, batches: int) -> tuple[dict[str, float | None],
         def step() -> None:
             state["text_fwd"] = model.forward_text(batch["input_ids"], batch["attention_mask"])
             state["image_fwd"], state["collate"] = model.forward_image(batch["pixels"]), batch
-            _loss(losses, model, state, cfg).backward()
+            _loss(losses, module, state, cfg).backward()
         gflop = gemm_gflop(step)
         opt.zero_grad(set_to_none=True)
     return ({p: statistics.median(times[p]) if times[p] and p not in errors else None for p in PIECES}, errors,
@@ -193,10 +193,13 @@ def gemm_gflop(fn) -> float:
     return sum(e.flops for e in prof.key_averages() if e.key in GEMM_OPS) / 1e9
 
 
-def _loss(losses, model, state: dict, cfg):
-    """The training step's loss; caption negatives (rows past ``num_captions``) go in as train.py passes them."""
+def _loss(losses, module, state: dict, cfg):
+    """The training step's loss, every term of it (``RetrievalModule.loss_terms``); a checkout from before that
+    method: its contrastive loss with the caption negatives (rows past ``num_captions``) as its train.py passed them."""
     text, image, batch = state["text_fwd"], state["image_fwd"], state["collate"]
-    args = (cfg.loss.global_weight, cfg.loss.local_loss)
+    if hasattr(module, "loss_terms"):
+        return module.loss_terms(text, image, batch)["loss"]
+    model, args = module.model, (cfg.loss.global_weight, cfg.loss.local_loss)
     B = int(batch["num_captions"]) if "num_captions" in batch else len(text)
     if B < len(text):
         return losses.contrastive_loss(model, text[:B], image, *args, text[B:])["loss"]

@@ -191,6 +191,33 @@ def test_train_speed_tiny(tmp_path):
     assert f"json: {out}" in res.stdout
 
 
+def test_train_speed_times_the_training_steps_whole_loss():
+    """The breakdown's "score + loss" is the loss the training step computes, every term of the default config
+    (distillation, the edit terms over the caption truth), not the contrastive terms alone."""
+    import torch
+
+    from benchmarks.train_speed_child import _loss
+    from mmgeo.config import load_config
+    from mmgeo.data.pairs import open_split
+    from mmgeo.training import RetrievalModule, TrainConfig, build_loader, losses
+
+    cfg = load_config(TrainConfig, str(ROOT / "configs" / "synthetic.yaml"),
+                      ["--trainer.batch_size", "8", "--data.num_workers", "0"])
+    torch.manual_seed(0)
+    module = RetrievalModule(cfg)
+    loader = build_loader(cfg, module, open_split(cfg.data, "train", 64, module.model.cfg.image_size))
+    batch = loader.collate_fn([loader.dataset[k] for k in next(iter(loader.batch_sampler))])
+    with pytest.warns(UserWarning, match="self.log"):  # no Trainer attached: Lightning warns and logs nothing
+        step_loss = module.training_step(batch, 0)
+    text = module.model.forward_text(batch["input_ids"], batch["attention_mask"])
+    image = module.model.forward_image(batch["pixels"])
+    timed = _loss(losses, module, {"text_fwd": text, "image_fwd": image, "collate": batch}, cfg)
+    assert timed.item() == pytest.approx(step_loss.item(), rel=1e-5)
+    B = int(batch["num_captions"])
+    contrastive = losses.contrastive_loss(module.model, text[:B], image, cfg.loss.global_weight, False, text[B:])
+    assert abs(contrastive["loss"].item() - step_loss.item()) > 1e-3  # the other terms are in what is timed
+
+
 def test_train_speed_counts_a_linear_layers_three_gemms():
     """The step's GEMM work as the profiler counts it: forward, input and weight gradients of a linear layer are
     2·m·n·k FLOPs each (addmm once, mm twice), nothing counted twice through aten::linear / aten::matmul."""

@@ -65,15 +65,7 @@ class RetrievalModule(L.LightningModule):
         self._batch = batch
         self._norm_stats_before = [b.detach().clone() for b in self._norm_stats()]
         text, image = self.model(batch["input_ids"], batch["attention_mask"], batch["pixels"])
-        B = int(batch["num_captions"])
-        negatives = text[B:] if len(text) > B else None  # rule-based caption edits (data.caption_negatives)
-        losses = contrastive_loss(self.model, text[:B], image, self.cfg.loss.global_weight, self.cfg.loss.local_loss,
-                                  negatives, self.cfg.loss.distill_weight,
-                                  true_captions(batch, self.cfg.data),
-                                  edit_queries(batch, self.cfg.loss))
-        if self.cfg.aids.ortho_weight > 0 and self.model.geometric:
-            losses["ortho"] = sum(orthogonality_penalty(w) for w in self.model.qk_maps().values())
-            losses["loss"] = losses["loss"] + self.cfg.aids.ortho_weight * losses["ortho"]
+        losses = self.loss_terms(text, image, batch)
         self._loss_nonfinite = all_reduce_any(not bool(torch.isfinite(losses["loss"])), self.device)
         n, distributed = len(batch["pixels"]), rank_and_world()[1] > 1
         self.log_dict({f"train/{k}": v for k, v in losses.items()}, prog_bar=True, batch_size=n, sync_dist=distributed)
@@ -85,6 +77,20 @@ class RetrievalModule(L.LightningModule):
             self.samples_log.write(self.global_step, int(batch["epoch"]),
                                    all_gather_no_grad(batch["index"]) if distributed else batch["index"])
         return losses["loss"]
+
+    def loss_terms(self, text, image, batch) -> dict[str, torch.Tensor]:
+        """Every term of a step's loss from the towers' outputs on ``batch`` ("loss": their weighted sum): the
+        contrastive terms of ``cfg.loss`` over the captions, their edits and the images, and the aids' penalty."""
+        B = int(batch["num_captions"])
+        negatives = text[B:] if len(text) > B else None  # rule-based caption edits (data.caption_negatives)
+        losses = contrastive_loss(self.model, text[:B], image, self.cfg.loss.global_weight, self.cfg.loss.local_loss,
+                                  negatives, self.cfg.loss.distill_weight,
+                                  true_captions(batch, self.cfg.data),
+                                  edit_queries(batch, self.cfg.loss))
+        if self.cfg.aids.ortho_weight > 0 and self.model.geometric:
+            losses["ortho"] = sum(orthogonality_penalty(w) for w in self.model.qk_maps().values())
+            losses["loss"] = losses["loss"] + self.cfg.aids.ortho_weight * losses["ortho"]
+        return losses
 
     def on_before_optimizer_step(self, optimizer):
         """Before clipping and the update: the warm-up freeze, and skipping a non-finite step.
