@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mmgeo.kernels import pair_score
-from mmgeo.kernels.coverage import coverage
+from mmgeo.kernels import pair_score, use_triton
+from mmgeo.kernels.coverage import coverage, score_and_coverage
 from mmgeo.layers import (
     ConvChannelAttentionKeyHead,
     LowRankMapping,
@@ -184,11 +184,15 @@ class GeoRetriever(nn.Module):
             raise ValueError(f"mode must be 'geometric' or 'global', got {mode!r}")
         if not self.geometric or text.attn is None or image.attn is None:
             raise ValueError("this model has no geometric score (score='global'); use mode='global'")
-        s = pair_score(text.attn, text.mask, text.value, image.attn, image.mask, image.value)  # (N_t, N_i)
+        args = (text.attn, text.mask, text.value, image.attn, image.mask, image.value)
         if self.salience is None:
-            return s
-        cov = coverage(text.attn, text.mask, text.value, image.attn, image.mask, image.value,
-                       self.salience(image.attn))  # (N_t, N_i)
+            return pair_score(*args)  # (N_t, N_i)
+        grad = torch.is_grad_enabled() and any(x.requires_grad for x in (*args, *self.salience.parameters()))
+        if not grad and not use_triton("pair_score", text.attn, text.value, image.attn, image.value):
+            s, cov = score_and_coverage(*args, self.salience(image.attn))  # one pass: (N_t, N_i) each
+            return s + self.cfg.coverage_weight * cov
+        s = pair_score(*args)  # (N_t, N_i)
+        cov = coverage(*args, self.salience(image.attn))  # (N_t, N_i)
         return s + self.cfg.coverage_weight * cov.to(s.dtype)
 
     def logits(self, text: Embedding, image: Embedding) -> dict[str, torch.Tensor]:

@@ -56,3 +56,39 @@ def test_an_unexplained_salient_patch_lowers_coverage():
     got = coverage(q, torch.ones(1, 2, dtype=torch.bool), u, k, torch.ones(2, 4, dtype=torch.bool), v, salience,
                    scale=1.0)
     torch.testing.assert_close(got, torch.tensor([[1.0, 2 / 3]], dtype=torch.float64), atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-10), (torch.float32, 1e-5)])
+@pytest.mark.parametrize("logit_scale", [1.0, 40.0])  # 40: logits past SAFE_LOGIT, the shifted (folded) path
+def test_one_pass_equals_the_score_and_the_coverage(dtype, tol, logit_scale):
+    """score_and_coverage gives pair_score_reference's s and coverage's cov, in one block and in many: blocks of
+    whole captions (one caption per block at the smallest), images split across blocks, padding patches."""
+    from mmgeo.kernels.coverage import score_and_coverage
+    from mmgeo.kernels.pair_score import pair_score_reference
+
+    q, q_mask, u, k, k_mask, v, salience = _inputs(bt=7, bi=9, t=8, s=6, dtype=dtype, seed=3)
+    q = q * logit_scale
+    assert not bool(k_mask.all()) and len(set(q_mask.sum(1).tolist())) > 1  # padding on both sides
+    want_s, want_cov = pair_score_reference(q, q_mask, u, k, k_mask, v), coverage(q, q_mask, u, k, k_mask, v, salience)
+    for block in (1 << 20, 2 * 6 * 8, 1):  # everything at once; about a caption × an image; the least possible
+        s, cov = score_and_coverage(q, q_mask, u, k, k_mask, v, salience, block_elements=block)
+        assert_close_scaled(s, want_s, tol, f"s, block {block}")
+        assert_close_scaled(cov, want_cov, tol, f"cov, block {block}")
+    none = score_and_coverage(q[:0], q_mask[:0], u[:0], k, k_mask, v, salience)  # no captions: empty, not an error
+    assert [tuple(x.shape) for x in none] == [(0, 9), (0, 9)]
+
+
+def test_one_pass_redoes_a_block_whose_folded_shift_overflows():
+    """An image whose logits pass the first image block's max by more than fp32 can hold (2^128) is scored with its
+    own exact max, not left at inf / nan."""
+    from mmgeo.kernels.coverage import score_and_coverage
+    from mmgeo.kernels.pair_score import pair_score_reference
+
+    q, q_mask, u, k, k_mask, v, salience = _inputs(bt=2, bi=4, dtype=torch.float32, seed=5)
+    q = q * 30
+    k = k.clone()
+    k[3] *= 60  # the last image: logits far beyond those of the first block's images
+    s, cov = score_and_coverage(q, q_mask, u, k, k_mask, v, salience, block_elements=2 * 7 * 6)  # an image a block
+    assert bool(torch.isfinite(s).all()) and bool(torch.isfinite(cov).all())
+    assert_close_scaled(s, pair_score_reference(q, q_mask, u, k, k_mask, v), 1e-5, "s")
+    assert_close_scaled(cov, coverage(q, q_mask, u, k, k_mask, v, salience), 1e-5, "cov")
