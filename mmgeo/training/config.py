@@ -124,12 +124,16 @@ class CoverageConfig:
     fit_weight: float = 0.05  # β_fit: the weight of cov in the fitting loss
     images: int = 2000  # the first N training images (and their captions) are the fit's queries and candidates
     candidates: int = 10  # per caption, its K best images by the geometric score s
+    shortlist: int = 0  # > 0: s only over the N images the caption's global score ranks first (what search re-ranks;
+    # a fit linear in images, not quadratic); 0 = over every image (docs/measurements/retrieval.md: 100 vs 0)
     steps: int = 300  # full-batch Adam steps (only the salience's 1 + H·d_a parameters learn)
     lr: float = 0.05  # Adam's learning rate
 
     def __post_init__(self):
-        if self.weight < 0 or self.fit_weight <= 0 or min(self.images, self.candidates, self.steps) < 1:
-            raise ValueError(f"coverage: weight >= 0, fit_weight > 0 and images, candidates, steps >= 1; got {self}")
+        if self.weight < 0 or self.fit_weight <= 0 or min(self.images, self.candidates, self.steps) < 1 \
+                or self.shortlist < 0:
+            raise ValueError(f"coverage: weight >= 0, fit_weight > 0, images, candidates, steps >= 1 and "
+                             f"shortlist >= 0; got {self}")
 
 
 @dataclass

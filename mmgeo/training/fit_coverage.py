@@ -6,7 +6,8 @@
 
 Every caption of the first ``--images`` images of the training split is a query; its candidates are the
 ``--candidates`` images those captions' own model ranks first by the geometric score ``s`` (where a denser image
-holding the same objects sits). Only ``PatchSalience`` (w, b) learns: cross-entropy over the candidates of
+holding the same objects sits), among every image or (``--shortlist`` N) the N its global score ranks first.
+Only ``PatchSalience`` (w, b) learns: cross-entropy over the candidates of
 ``scale · (s + β_fit · cov)``, the caption's own image the target; a caption whose image is not a candidate is left
 out. Captions and their images are the only signal, as for training. The same model, with ``coverage_weight`` β
 (``--weight``) and the fitted salience, is written to ``--out`` (never over an existing file). ``train.py`` runs the
@@ -29,30 +30,41 @@ from mmgeo.training.config import CoverageConfig
 
 
 @torch.inference_mode()
-def candidate_terms(texts, images, k: int):
-    """Per caption: its top-``k`` images by ``s`` (Q, k), their s (Q, k) and their m_j (Q, k, S)."""
-    from mmgeo.kernels import pair_score
+def candidate_terms(texts, images, k: int, shortlist: int = 0):
+    """Per caption: its top-``k`` images by ``s`` (Q, k), their s (Q, k) and their m_j (Q, k, S). ``shortlist`` > 0:
+    ``s`` only over the ``shortlist`` images the global score ranks first for the caption (the served first stage,
+    docs/design.md §7), else over every image."""
+    from mmgeo.kernels import candidate_scores, pair_score
     from mmgeo.kernels.coverage import candidate_explained
 
-    s = torch.cat([pair_score(texts.attn[i:i + 256], texts.mask[i:i + 256], texts.value[i:i + 256], images.attn,
-                              images.mask, images.value).float() for i in range(0, len(texts), 256)])  # (Q, N)
-    top = s.topk(min(k, s.shape[1]), dim=1)
     keys, values = images.attn.transpose(0, 1), images.value.transpose(0, 1)  # (H, N, S, d)
-    explained = torch.stack([candidate_explained(texts.attn[r][:, texts.mask[r]], texts.value[r][:, texts.mask[r]],
-                                                 keys[:, top.indices[r]], values[:, top.indices[r]],
-                                                 images.mask[top.indices[r]]) for r in range(len(texts))])
-    return top.indices, top.values, explained
+    real = lambda x, r: x[r][:, texts.mask[r]].float()  # noqa: E731  (H, n, d): caption r's real tokens
+    if 0 < shortlist < len(images.mask):
+        short = (texts.pooled.float() @ images.pooled.float().T).topk(shortlist, dim=1).indices  # (Q, K')
+        H = keys.shape[0]
+        s_short = torch.stack([candidate_scores(real(texts.attn, r), real(texts.value, r), keys[:, ids].float(),
+                                                values[:, ids].float(), images.mask[ids]).mean(0) / H
+                               for r, ids in enumerate(short)])  # (Q, K'): mean over tokens and heads, as pair_score
+        best = s_short.topk(min(k, shortlist), dim=1)
+        indices, scores = short.gather(1, best.indices), best.values  # (Q, k)
+    else:
+        s = torch.cat([pair_score(texts.attn[i:i + 256], texts.mask[i:i + 256], texts.value[i:i + 256], images.attn,
+                                  images.mask, images.value).float() for i in range(0, len(texts), 256)])  # (Q, N)
+        scores, indices = s.topk(min(k, s.shape[1]), dim=1)
+    explained = torch.stack([candidate_explained(real(texts.attn, r), real(texts.value, r), keys[:, ids],
+                                                 values[:, ids], images.mask[ids]) for r, ids in enumerate(indices)])
+    return indices, scores, explained
 
 
 def fit_salience(model, texts, images, owners: torch.Tensor, cfg: CoverageConfig, log=print, terms=None):
     """Fit a ``PatchSalience`` to the encoded ``texts`` / ``images`` (``owners``: each caption's image) -> (the
-    salience, a record of the fit). ``terms``: ``candidate_terms(texts, images, cfg.candidates)`` when already
-    computed."""
+    salience, a record of the fit). ``terms``: ``candidate_terms(texts, images, cfg.candidates, cfg.shortlist)`` when
+    already computed."""
     from mmgeo.kernels.coverage import coverage_ratio
     from mmgeo.layers import PatchSalience
 
     # clones: tensors made under inference mode cannot enter autograd
-    terms = terms if terms is not None else candidate_terms(texts, images, cfg.candidates)
+    terms = terms if terms is not None else candidate_terms(texts, images, cfg.candidates, cfg.shortlist)
     cand, s, explained = (x.clone() for x in terms)
     hit = cand == owners[:, None]  # (Q, k)
     rows = hit.any(1)  # captions whose own image is a candidate

@@ -14,7 +14,7 @@ from mmgeo.kernels import pair_score
 from mmgeo.kernels.coverage import coverage
 from mmgeo.models.checkpoint import load_model
 from mmgeo.training.config import CoverageConfig
-from mmgeo.training.fit_coverage import fit_salience, main, with_coverage
+from mmgeo.training.fit_coverage import candidate_terms, fit_salience, main, with_coverage
 from tests.conftest import TINY
 
 
@@ -40,6 +40,25 @@ def test_fit_lowers_the_loss_and_the_written_model_scores_with_it(encoded):
     cov = coverage(t.attn, t.mask, t.value, i.attn, i.mask, i.value, salience(i.attn))
     torch.testing.assert_close(out.score(t, i), s + 0.2 * cov)
     assert model.coverage_term is None  # the input model is unchanged
+
+
+def test_candidates_are_the_best_by_s_among_the_global_shortlist(encoded):
+    """With a shortlist, a caption's candidates are its top images by s among those its global score ranks first (as
+    search re-ranks), with pair_score's s; a shortlist of every image is the search over all of them."""
+    model, split = encoded
+    t, i = split.texts, split.images
+    s_all = pair_score(t.attn, t.mask, t.value, i.attn, i.mask, i.value)  # (Q, N)
+    short = (t.pooled @ i.pooled.T).topk(8, dim=1).indices  # (Q, 8)
+    ids, s, explained = candidate_terms(t, i, 5, shortlist=8)
+    want = s_all.gather(1, short).topk(5, dim=1)
+    torch.testing.assert_close(s, want.values, rtol=1e-5, atol=1e-6)
+    assert torch.equal(ids, short.gather(1, want.indices))
+    assert not torch.equal(ids, s_all.topk(5, dim=1).indices)  # the shortlist is not every image here
+    every = candidate_terms(t, i, 5, shortlist=0)
+    assert torch.equal(every[0], s_all.topk(5, dim=1).indices)
+    for a, b in zip(every, candidate_terms(t, i, 5, shortlist=len(i.mask))):
+        torch.testing.assert_close(a, b)
+    assert explained.shape == (len(t.mask), 5, i.mask.shape[1])
 
 
 def test_cli_writes_a_new_model_and_never_overwrites(tmp_path, capsys):
