@@ -7,9 +7,9 @@
 Every caption of the first ``--images`` images of the training split is a query; its candidates are the
 ``--candidates`` images those captions' own model ranks first by the geometric score ``s`` (where a denser image
 holding the same objects sits), among every image or (``--shortlist`` N) the N its global score ranks first.
-Only ``PatchSalience`` (w, b) learns: cross-entropy over the candidates of
-``scale · (s + β_fit · cov)``, the caption's own image the target; a caption whose image is not a candidate is left
-out. Captions and their images are the only signal, as for training. The same model, with ``coverage_weight`` β
+Only ``PatchSalience`` (w, b) learns: cross-entropy over the candidates of ``scale · (s + β_fit · cov)``, the
+caption's own image the target; a caption whose image is not a candidate is left out. Captions and their images
+are the only signal, as for training. The same model, with ``coverage_weight`` β
 (``--weight``) and the fitted salience, is written to ``--out`` (never over an existing file). ``train.py`` runs the
 same fit after training when its config's ``coverage.weight`` is set. Limits: geometric models only; the
 images, their keys and every candidate's m_j are held in memory (2,000 shapes-world images: about 1 GB).

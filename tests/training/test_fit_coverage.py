@@ -52,7 +52,8 @@ def test_candidates_are_the_best_by_s_among_the_global_shortlist(encoded):
     ids, s, explained = candidate_terms(t, i, 5, shortlist=8)
     want = s_all.gather(1, short).topk(5, dim=1)
     torch.testing.assert_close(s, want.values, rtol=1e-5, atol=1e-6)
-    assert torch.equal(ids, short.gather(1, want.indices))
+    assert all(set(a.tolist()) <= set(b.tolist()) for a, b in zip(ids, short))  # from the shortlist
+    torch.testing.assert_close(s_all.gather(1, ids), want.values, rtol=1e-5, atol=1e-6)  # its best by s, up to ties
     assert not torch.equal(ids, s_all.topk(5, dim=1).indices)  # the shortlist is not every image here
     every = candidate_terms(t, i, 5, shortlist=0)
     assert torch.equal(every[0], s_all.topk(5, dim=1).indices)
