@@ -84,10 +84,17 @@ class DataConfig:
 
 @dataclass
 class OptimConfig:
-    lr: float = 1e-3  # peak AdamW learning rate
-    weight_decay: float = 0.05  # AdamW weight decay (not on biases, norms, temperatures)
+    name: str = "adamw"  # adamw | muon: Muon for the weights of linear and convolution layers, AdamW for the rest
+    # (mmgeo.training.muon; Muon's updates scaled to AdamW's RMS, so lr and weight_decay keep their meaning)
+    lr: float = 1e-3  # peak learning rate
+    weight_decay: float = 0.05  # decoupled weight decay (not on biases, norms, temperatures)
     betas: tuple[float, float] = (0.9, 0.98)  # AdamW betas (CLIP's)
+    muon_momentum: float = 0.95  # Muon's (Nesterov) momentum; name: muon only
     warmup_steps: int = 50  # linear warm-up, then cosine decay to 0 at max_steps
+
+    def __post_init__(self):
+        if self.name not in ("adamw", "muon"):
+            raise ValueError(f"optim.name={self.name!r}: use adamw or muon")
 
 
 @dataclass

@@ -20,6 +20,7 @@ from mmgeo.models.checkpoint import model_record
 from mmgeo.training.config import TrainConfig
 from mmgeo.training.distributed import all_gather_no_grad, all_reduce_any, rank_and_world
 from mmgeo.training.losses import EditQueries, contrastive_loss
+from mmgeo.training.muon import MuonAdamW, muon_parameters
 
 
 def step_seed(seed: int, step: int, rank: int) -> int:
@@ -146,12 +147,17 @@ class RetrievalModule(L.LightningModule):
         self.log_dict(norms, batch_size=self.cfg.trainer.batch_size)
 
     def configure_optimizers(self):
-        decay, no_decay = [], []
-        for name, p in self.model.named_parameters():
-            (no_decay if p.dim() < 2 or "logit_scale" in name else decay).append(p)
         o = self.cfg.optim
-        opt = torch.optim.AdamW([{"params": decay, "weight_decay": o.weight_decay},
-                                 {"params": no_decay, "weight_decay": 0.0}], lr=o.lr, betas=tuple(o.betas))
+        muon = muon_parameters(self.model) if o.name == "muon" else set()
+        matrices, decay, no_decay = [], [], []
+        for name, p in self.model.named_parameters():
+            (matrices if id(p) in muon else no_decay if p.dim() < 2 or "logit_scale" in name else decay).append(p)
+        groups = [{"params": decay, "weight_decay": o.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        if o.name == "muon":
+            groups.append({"params": matrices, "weight_decay": o.weight_decay, "muon": True})
+            opt = MuonAdamW(groups, lr=o.lr, betas=tuple(o.betas), momentum=o.muon_momentum)
+        else:
+            opt = torch.optim.AdamW(groups, lr=o.lr, betas=tuple(o.betas))
         total, warm = self.cfg.trainer.max_steps, o.warmup_steps
 
         def schedule(step):
