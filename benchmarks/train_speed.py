@@ -12,7 +12,7 @@ It runs mmgeo.training.train(argv, callbacks=[timer]) for warmup + steps steps (
 config path is read relative to that checkout) with the config's validation as it would happen, then times the
 pieces of a step by hand on a few batches: data (__getitem__ with rendering + preprocess), collate (tokenisation),
 text / image tower, score + loss (every term of the training step's, `RetrievalModule.loss_terms`), backward,
-AdamW step.
+the optimiser's step (AdamW, or MuonAdamW with `optim.name: muon`).
 The arithmetic floor: one more step (forward, loss, backward) runs under torch.profiler, whose FLOP count of the
 matrix products (mm, addmm, bmm, baddbmm, conv2d) is the step's GEMM work; at this CPU's fp32 GEMM peak (best of
 five 2048^3 matmuls on the children's thread count, measured once after the runs) that work alone takes
