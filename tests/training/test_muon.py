@@ -57,16 +57,18 @@ def test_muon_groups_step_as_torch_muon_with_adamw_matched_rms():
         assert (y - x0).abs().max() > 10 * tol  # three steps moved the weights far more than the tolerance
 
 
-def test_a_parameter_without_gradient_is_left_alone_and_conv_weights_keep_their_shape():
+@pytest.mark.parametrize("shape", [(8, 4, 3, 3), (40, 2, 3, 3)])  # wide and tall as (out, in·kh·kw)
+def test_a_parameter_without_gradient_is_left_alone_and_conv_weights_keep_their_shape(shape):
     torch.manual_seed(0)
-    conv, frozen = torch.randn(8, 4, 3, 3), torch.randn(6, 6)
+    conv, frozen = torch.randn(shape), torch.randn(6, 6)
     before = frozen.clone()
     opt = MuonAdamW([{"params": [conv, frozen], "weight_decay": 0.1, "muon": True}], lr=0.01)
     conv.grad = torch.randn_like(conv)
     old = conv.clone()
     opt.step()
     assert torch.equal(frozen, before) and frozen not in opt.state
-    step = (conv - old * (1 - 0.01 * 0.1)).reshape(8, -1) / (0.01 * 0.2 * 36 ** 0.5)  # the orthogonalised update
+    out, fan_in = shape[0], shape[1] * shape[2] * shape[3]
+    step = (conv - old * (1 - 0.01 * 0.1)).reshape(out, -1) / (0.01 * 0.2 * max(out, fan_in) ** 0.5)  # orthogonalised
     s = torch.linalg.svdvals(step)
     assert s.min() > 0.5 and s.max() < 1.3
 
