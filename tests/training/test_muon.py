@@ -39,7 +39,7 @@ def test_adamw_groups_step_as_torch_adamw():
     _steps(ours, a, grads)
     _steps(ref, b, grads)
     for x, y in zip(a, b):
-        torch.testing.assert_close(x, y, rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-6)  # two implementations: rounding may differ
 
 
 def test_muon_groups_step_as_torch_muon_with_adamw_matched_rms():
