@@ -28,7 +28,7 @@ def orthogonalize(g: torch.Tensor, steps: int = 5, eps: float = 1e-7) -> torch.T
         x = x.T  # iterate on the smaller Gram matrix
     for _ in range(steps):
         gram = x @ x.T  # (min, min)
-        x = a * x + (b * gram + c * gram @ gram) @ x
+        x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)  # a·x + (b·G + c·G²)·x
     return x.T if tall else x
 
 
