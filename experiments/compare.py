@@ -76,7 +76,7 @@ BUDGETS = {
                     "--data.num_workers", "0", "--trainer.log_every_n_steps", "1",
                     "--aids.diagnostics_every_n_steps", "0"]),
 }
-GRID_KEYS = ("optim.lr", "optim.weight_decay", "optim.warmup_steps", "data.caption_negatives",
+GRID_KEYS = ("optim.lr", "optim.weight_decay", "optim.warmup_steps", "optim.name", "data.caption_negatives",
              "model_args.init_temperature_global", "model_args.init_temperature_geo")
 OWN_KEYS = GRID_KEYS + ("trainer.seed", "trainer.max_steps", "name", "out_dir", "model")
 NOT_RECIPE = ("out_dir", "name", "trainer.threads", "data.num_workers")  # may differ between a run and a rerun
@@ -110,6 +110,7 @@ class Recipe:
     weight_decay: float | None = None  # None: the base config's
     warmup_steps: int | None = None
     global_temperature: float | None = None  # a geometric model's global one; None: = temperature
+    optimizer: str | None = None  # optim.name (adamw, muon); None: the base config's
 
     @property
     def label(self) -> str:
@@ -117,6 +118,7 @@ class Recipe:
         out += "" if self.global_temperature is None else f" Tg={fmt(self.global_temperature)}"
         out += f" neg={self.caption_negatives}"
         out += "" if self.weight_decay is None else f" wd={fmt(self.weight_decay)}"
+        out += "" if self.optimizer is None else f" opt={self.optimizer}"
         return out + ("" if self.warmup_steps is None else f" warmup={self.warmup_steps}")
 
     @property
@@ -133,6 +135,8 @@ class Recipe:
             out += ["--optim.weight_decay", repr(self.weight_decay)]
         if self.warmup_steps is not None:
             out += ["--optim.warmup_steps", str(self.warmup_steps)]
+        if self.optimizer is not None:
+            out += ["--optim.name", self.optimizer]
         return out
 
     def as_dict(self) -> dict:
@@ -140,11 +144,11 @@ class Recipe:
 
 
 def grid(args: argparse.Namespace, geometric: bool) -> list[Recipe]:
-    """A geometric model: lr × T × negatives [× wd × warm-up] × global T (when searched apart); a global-only model
-    has one temperature, searched over every value either temperature axis takes."""
+    """A geometric model: lr × T × negatives [× wd × warm-up] × global T (when searched apart) [× optimiser]; a
+    global-only model has one temperature, searched over every value either temperature axis takes."""
     temperatures = args.temperatures if geometric else sorted(set(args.temperatures) | set(args.global_temperatures))
     axes = [args.lrs, temperatures, args.caption_negatives, args.weight_decays or [None], args.warmup_steps or [None],
-            (args.global_temperatures or [None]) if geometric else [None]]
+            (args.global_temperatures or [None]) if geometric else [None], args.optimizers or [None]]
     return [Recipe(*point) for point in itertools.product(*axes)]
 
 
@@ -420,6 +424,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                    help="grid (optional): optim.weight_decay (default: each base config's)")
     p.add_argument("--warmup-steps", nargs="+", type=int, default=[],
                    help="grid (optional): optim.warmup_steps (default: each base config's)")
+    p.add_argument("--optimizers", nargs="+", choices=["adamw", "muon"], default=[],
+                   help="grid (optional): optim.name, each model searched with every one (default: each base "
+                   "config's)")
     p.add_argument("--search-steps", type=int, help="steps of each search run (full: 500)")
     p.add_argument("--search-seed", type=int, default=0, help="seed of the search runs")
     p.add_argument("--steps", type=int, help="steps of each final run (full: 1000)")
@@ -458,8 +465,10 @@ def check(p: argparse.ArgumentParser, args: argparse.Namespace, extra: list[str]
             p.error(f"--{axis.replace('_', '-')} is empty: give at least one value")
         if len(set(values)) != len(values):
             p.error(f"--{axis.replace('_', '-')} lists a value twice: {values}")
-    if len(set(args.global_temperatures)) != len(args.global_temperatures):
-        p.error(f"--global-temperatures lists a value twice: {args.global_temperatures}")
+    for axis in ("global_temperatures", "weight_decays", "warmup_steps", "optimizers"):  # optional axes
+        values = getattr(args, axis)
+        if len(set(values)) != len(values):
+            p.error(f"--{axis.replace('_', '-')} lists a value twice: {values}")
     if min(args.lrs) <= 0 or min(args.temperatures + args.global_temperatures) <= 0 or min(args.caption_negatives) < 0:
         p.error("learning rates and temperatures must be positive, caption negatives >= 0")
     if min(args.search_steps, args.steps, args.val_points) < 1:
@@ -471,8 +480,8 @@ def check(p: argparse.ArgumentParser, args: argparse.Namespace, extra: list[str]
     own = sorted(k for k in flat if k in OWN_KEYS)
     if own:
         p.error(f"{own} are set by this script (grid axes: --lrs, --temperatures, --global-temperatures, "
-                "--caption-negatives, "
-                "--weight-decays, --warmup-steps; --search-steps, --steps, --seeds, --out): use those options")
+                "--caption-negatives, --weight-decays, --warmup-steps, --optimizers; --search-steps, --steps, "
+                "--seeds, --out): use those options")
     for model in args.models:  # the base config with the extra overrides must load before anything trains
         config, pick = base_config(model)
         try:
@@ -508,7 +517,7 @@ def main(argv: list[str] | None = None) -> dict:
         models[model]["final"] = final(model, ROOT / models[model]["recipe_config"], args, out, synthetic)
     summary, margins = summarise(models)
     grid_axes = {k: getattr(args, k) for k in ("lrs", "temperatures", "global_temperatures", "caption_negatives",
-                                               "weight_decays", "warmup_steps")}
+                                               "weight_decays", "warmup_steps", "optimizers")}
     data = {"command": "python -m experiments.compare " + shlex.join(argv), "commit": commit(),
             "machine": f"{cpu_model()} ({os.cpu_count()} CPUs)",
             "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "wall_s": 0.0,

@@ -86,8 +86,8 @@ def markdown(data: dict, image: str) -> str:
     out = ["## Geometric model vs baseline, each at its own best recipe (experiments/compare.py)", "",
            f"Every model gets the same recipe search: lr {s['grid']['lrs']} × initial "
            f"temperature {s['grid']['temperatures']} × caption negatives {s['grid']['caption_negatives']}"
-           + "".join(f" × {k.replace('_', ' ')} {s['grid'][k]}" for k in ("weight_decays", "warmup_steps")
-                     if s["grid"][k])
+           + "".join(f" × {k.replace('_', ' ')} {s['grid'][k]}"
+                     for k in ("weight_decays", "warmup_steps", "optimizers") if s["grid"].get(k))
            + (f" × a geometric model's global temperature {tg} (a global-only model's one temperature takes every "
               "value of both axes)" if tg else "")
            + f" — {', '.join(f'{n}: {k} recipes' for n, k in sizes.items())} — {s['search_steps']} steps each, seed "

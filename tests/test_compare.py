@@ -187,3 +187,21 @@ def test_compare_table_means_over_seeds(tmp_path):
     assert "| swap_color | 90.0 ± 14.1 (80.0) |" in res.stdout
     table = json.loads((tmp_path / "compare.json").read_text())
     assert table["cogent"]["text→image R@1"]["geo-tiny"]["seeds"] == pytest.approx([90.0, 80.0])
+
+
+def test_the_optimiser_is_an_axis_every_model_is_searched_over():
+    from experiments.compare import Recipe, grid, parse
+
+    args = parse(["--budget", "tiny", "--optimizers", "adamw", "muon"])
+    for geometric in (True, False):
+        recipes = grid(args, geometric)
+        assert {r.optimizer for r in recipes} == {"adamw", "muon"}
+        assert len(recipes) == 2 * len(grid(parse(["--budget", "tiny"]), geometric))
+    muon = next(r for r in grid(args, True) if r.optimizer == "muon")
+    over = muon.overrides(geometric=True)
+    assert over[over.index("--optim.name") + 1] == "muon" and muon.label.endswith(" opt=muon")
+    assert "--optim.name" not in Recipe(1e-3, 0.07, 0).overrides(geometric=True)  # unset: the base config's
+    assert Recipe(**muon.as_dict()) == muon  # a best recipe read back from compare.json
+    for bad in (["--optimizers", "sgd"], ["--optimizers", "muon", "muon"], ["--optim.name", "muon"]):
+        with pytest.raises(SystemExit):
+            parse(["--budget", "tiny", *bad])
