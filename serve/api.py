@@ -60,6 +60,10 @@ class SearchResponse(BaseModel):
     query: str
     rerank: bool
     results: list[ResultRow]
+    unknown_words: list[str] = Field(description="words of the query the model's vocabulary cannot read: the search "
+                                                 "ignored them (e.g. a plural the training captions never used)")
+    did_you_mean: str | None = Field(description="the query with each unknown word replaced by the closest word the "
+                                                 "model knows ('circles' -> 'circle'); null when none is close")
 
 
 class ImageSearchResponse(BaseModel):

@@ -16,6 +16,7 @@ from functools import partial
 
 from fastapi import FastAPI
 
+from mmgeo.models.vocab import vocabulary_hint
 from mmgeo.search.store import Gallery
 from mmgeo.search.two_stage import search_texts
 from serve.access import Access, AccessMiddleware, CurrentBatcher, CurrentGallery, in_collection, secure_document
@@ -39,12 +40,13 @@ from serve.routes import add_image_routes, add_info_routes, add_search_routes, a
 def search_batch(model, gallery: Gallery, k_prime: int,
                  queries: list[tuple[str, int, bool]]) -> list[bytes | ValueError]:
     """One micro-batch of (text, k, rerank) in a worker thread: one encode call, one FAISS search, one batched
-    re-rank -> each query's /search answer, already JSON (``json_body``): rendering it here keeps FastAPI's encoder
-    off the event loop, which every request goes through. An answer that cannot be rendered (a non-finite score)
-    is that query's error alone, raised by its handler."""
+    re-rank -> each query's /search answer (with the words the model cannot read), already JSON (``json_body``):
+    rendering it here keeps FastAPI's encoder off the event loop, which every request goes through. An answer that
+    cannot be rendered (a non-finite score) is that query's error alone, raised by its handler."""
     emb = model.encode_text([t for t, _, _ in queries])  # rows (B, ...)
     found = search_texts(model, gallery, emb, [k for _, k, _ in queries], [r for _, _, r in queries], k_prime)
-    return [render({"query": t, "rerank": r, "results": result_rows(ids, scores)})
+    return [render({"query": t, "rerank": r, "results": result_rows(ids, scores),
+                    **vocabulary_hint(getattr(model, "tokenizer", None), t)})
             for (t, _, r), (ids, scores) in zip(queries, found)]
 
 

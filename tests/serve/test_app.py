@@ -228,3 +228,15 @@ def test_an_answer_that_cannot_be_rendered_fails_its_query_alone(serve_env, monk
         assert r.status_code == 500 and r.json()["error"] == "internal error" and len(r.json()["request_id"]) == 32
         texts = ["a red circle"]
         assert c.post("/search", json={"text": "a red circle", "k": 3}).status_code == 200
+
+
+def test_search_names_the_words_the_model_cannot_read_and_a_query_to_try(client):
+    r = client.post("/search", json={"text": "two red circles!", "k": 3})
+    assert r.status_code == 200, r.text
+    answer = SearchResponse.model_validate_json(r.content)
+    assert answer.unknown_words == ["circles"] and answer.did_you_mean == "two red circle!"
+    assert len(answer.results) == 3  # still answered: the words it can read are searched
+    known = client.post("/search", json={"text": "a red circle", "k": 3}).json()
+    assert known["unknown_words"] == [] and known["did_you_mean"] is None
+    far = client.post("/search", json={"text": "a red zebra", "k": 3}).json()
+    assert far["unknown_words"] == ["zebra"] and far["did_you_mean"] is None  # nothing close enough to suggest

@@ -50,6 +50,13 @@ def test_page_runs_the_query_from_the_url(server, tmp_path):
     assert shot.is_file() and shot.stat().st_size > 5_000
 
 
+def test_page_names_the_words_the_model_cannot_read_and_offers_the_query_to_try(server):
+    dom = chromium("--dump-dom", f"{server}/?q={urllib.parse.quote('two red circles')}").stdout
+    assert dom.count('class="result"') == 24, dom[-3000:]  # still answered
+    assert "not in the model's vocabulary, so ignored: circles" in dom, dom[-3000:]
+    assert '<a href="#">two red circle</a>' in dom
+
+
 def devtools_eval(page_url: str, steps: list[str], timeout: float = 60) -> list:
     """Open ``page_url`` in headless Chromium and evaluate each JavaScript expression of ``steps`` in turn (promises
     awaited) over the DevTools protocol -> their values."""
