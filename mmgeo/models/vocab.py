@@ -9,6 +9,7 @@ reported; a word-piece vocabulary reports a word only when one of its pieces is 
 from __future__ import annotations
 
 import difflib
+import functools
 
 MATCH_CUTOFF = 0.8  # difflib similarity a known word needs to be suggested ("circles" -> "circle": 0.92)
 
@@ -24,10 +25,15 @@ def unknown_spans(tokenizer, text: str) -> list[tuple[int, int]]:
             if token == unk and any(c.isalnum() for c in text[a:b])]
 
 
+@functools.lru_cache(maxsize=4)  # one per served model: a word-piece vocabulary has ~30,000 entries
+def known_words(tokenizer) -> tuple[str, ...]:
+    """The vocabulary's whole words: no word pieces ("##s"), no special tokens ("[CLS]")."""
+    return tuple(w for w in tokenizer.get_vocab() if w.isalpha())
+
+
 def closest_known(tokenizer, word: str) -> str | None:
     """The vocabulary's whole word most like ``word`` (similarity >= ``MATCH_CUTOFF``), or None."""
-    words = [w for w in tokenizer.get_vocab() if w.isalpha()]  # no word pieces ("##s"), no [CLS]-like tokens
-    match = difflib.get_close_matches(word.lower(), words, n=1, cutoff=MATCH_CUTOFF)
+    match = difflib.get_close_matches(word.lower(), known_words(tokenizer), n=1, cutoff=MATCH_CUTOFF)
     return match[0] if match else None
 
 
