@@ -13,8 +13,17 @@ import math
 import numpy as np
 
 from mmgeo.eval.viz import token_attention
+from mmgeo.models.vocab import unknown_spans
 
 MAX_PANELS = 24  # words drawn at most (a caption rarely has more)
+
+
+def panel_titles(tokenizer, ids: list[int], text: str) -> list[str]:
+    """A title per token of ``text`` (``ids``, one per attention row): the token, "[CLS] (overview)", or for the
+    unknown token the word typed, "circles (unknown)" (the model read none of it)."""
+    typed = iter([text[a:b] for a, b in unknown_spans(tokenizer, text, words_only=False)])
+    return [f"{next(typed, w)} (unknown)" if w == tokenizer.unk_token else "[CLS] (overview)" if w == "[CLS]" else w
+            for w in tokenizer.convert_ids_to_tokens(ids)]
 
 
 def explain_png(model, gallery, image_id: int, text: str, image=None) -> bytes:
@@ -29,8 +38,8 @@ def explain_png(model, gallery, image_id: int, text: str, image=None) -> bytes:
     kept = token_attention(q, q_mask, k, k_mask)  # (T_real, L)
     attn = kept.new_zeros(kept.shape[0], gallery.model_record["num_patches"])  # (T_real, S): pruned patches get 0
     attn[:, gallery.image_patches(image_id)] = kept
-    words = model.tokenizer.convert_ids_to_tokens(tok["input_ids"][0][tok["attention_mask"][0].bool()].tolist())
-    panels = [(w if w != "[CLS]" else "[CLS] (overview)", a) for w, a in zip(words, attn) if w not in ("[SEP]",)]
+    words = panel_titles(model.tokenizer, tok["input_ids"][0][tok["attention_mask"][0].bool()].tolist(), text)
+    panels = [(w, a) for w, a in zip(words, attn) if w != "[SEP]"]
     panels = panels[:MAX_PANELS]
     rows_, cols_ = model.patch_grid  # S = rows_ · cols_ keys per image
     if rows_ * cols_ != attn.shape[1]:

@@ -14,15 +14,15 @@ import functools
 MATCH_CUTOFF = 0.8  # difflib similarity a known word needs to be suggested ("circles" -> "circle": 0.92)
 
 
-def unknown_spans(tokenizer, text: str) -> list[tuple[int, int]]:
-    """(start, end) in ``text`` of each word the tokenizer turns into its unknown token, in order (punctuation
-    alone is not a word: a lost "!" changes nothing)."""
+def unknown_spans(tokenizer, text: str, words_only: bool = True) -> list[tuple[int, int]]:
+    """(start, end) in ``text`` of each word the tokenizer turns into its unknown token, in order (``words_only``:
+    punctuation alone is not a word, a lost "!" changes nothing; False: every unknown token's span)."""
     unk = getattr(tokenizer, "unk_token_id", None)
     if unk is None or not getattr(tokenizer, "is_fast", False):  # offsets need a fast (Rust) tokenizer
         return []
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     return [(a, b) for token, (a, b) in zip(enc["input_ids"], enc["offset_mapping"])
-            if token == unk and any(c.isalnum() for c in text[a:b])]
+            if token == unk and (not words_only or any(c.isalnum() for c in text[a:b]))]
 
 
 @functools.lru_cache(maxsize=4)  # one per served model: a word-piece vocabulary has ~30,000 entries

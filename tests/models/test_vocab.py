@@ -32,3 +32,4 @@ def test_a_tokenizer_without_an_unknown_token_reports_nothing():
 
     assert vocabulary_hint(Bpe(), "anything at all") == {"unknown_words": [], "did_you_mean": None}
     assert vocabulary_hint(None, "anything") == {"unknown_words": [], "did_you_mean": None}
+
