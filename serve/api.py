@@ -57,11 +57,14 @@ class ResultRow(BaseModel):
 
 
 class SearchResponse(BaseModel):
-    query: str
+    query: str = Field(description="the query as sent")
+    searched: str = Field(description="the text searched: the query, or its did_you_mean when the request let the "
+                                      "search correct it (correct: true, the default)")
     rerank: bool
     results: list[ResultRow]
-    unknown_words: list[str] = Field(description="words of the query the model's vocabulary cannot read: the search "
-                                                 "ignored them (e.g. a plural the training captions never used)")
+    unknown_words: list[str] = Field(description="words of the query the model's vocabulary cannot read (e.g. a plural "
+                                                 "the training captions never used): ignored unless did_you_mean was "
+                                                 "searched")
     did_you_mean: str | None = Field(description="the query with each unknown word replaced by the closest word the "
                                                  "model knows ('circles' -> 'circle'); null when none is close")
 

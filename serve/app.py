@@ -38,16 +38,20 @@ from serve.routes import add_image_routes, add_info_routes, add_search_routes, a
 
 
 def search_batch(model, gallery: Gallery, k_prime: int,
-                 queries: list[tuple[str, int, bool]]) -> list[bytes | ValueError]:
-    """One micro-batch of (text, k, rerank) in a worker thread: one encode call, one FAISS search, one batched
-    re-rank -> each query's /search answer (with the words the model cannot read), already JSON (``json_body``):
-    rendering it here keeps FastAPI's encoder off the event loop, which every request goes through. An answer that
-    cannot be rendered (a non-finite score) is that query's error alone, raised by its handler."""
-    emb = model.encode_text([t for t, _, _ in queries])  # rows (B, ...)
-    found = search_texts(model, gallery, emb, [k for _, k, _ in queries], [r for _, _, r in queries], k_prime)
-    return [render({"query": t, "rerank": r, "results": result_rows(ids, scores),
-                    **vocabulary_hint(getattr(model, "tokenizer", None), t)})
-            for (t, _, r), (ids, scores) in zip(queries, found)]
+                 queries: list[tuple[str, int, bool, bool]]) -> list[bytes | ValueError]:
+    """One micro-batch of (text, k, rerank, correct) in a worker thread: one encode call, one FAISS search, one
+    batched re-rank -> each query's /search answer, already JSON (``json_body``): rendering it here keeps FastAPI's
+    encoder off the event loop, which every request goes through. With ``correct``, a query with words the model
+    cannot read is searched as its ``did_you_mean`` when it has one (``mmgeo.models.vocab``), and the answer's
+    ``searched`` says so. An answer that cannot be rendered (a non-finite score) is that query's error alone,
+    raised by its handler."""
+    tokenizer = getattr(model, "tokenizer", None)
+    hints = [vocabulary_hint(tokenizer, t) for t, _, _, _ in queries]
+    searched = [h["did_you_mean"] if c and h["did_you_mean"] else t for (t, _, _, c), h in zip(queries, hints)]
+    emb = model.encode_text(searched)  # rows (B, ...)
+    found = search_texts(model, gallery, emb, [k for _, k, _, _ in queries], [r for _, _, r, _ in queries], k_prime)
+    return [render({"query": t, "searched": s, "rerank": r, "results": result_rows(ids, scores), **h})
+            for (t, _, r, _), s, h, (ids, scores) in zip(queries, searched, hints, found)]
 
 
 def open_gallery(index_dir=None, db=None, ef_search: int | None = None, db_read=None, db_parallel: int = 1,

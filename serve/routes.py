@@ -64,6 +64,10 @@ def add_search_routes(app: FastAPI, gallery: Gallery, model, batcher: MicroBatch
         k: int = Field(10, ge=1, le=limits.max_k, strict=True, description="results to return (a JSON integer)")
         rerank: bool = Field(True, strict=True,
                              description=f"re-rank the FAISS top K' ({limits.k_prime}) by the geometric score")
+        correct: bool = Field(True, strict=True,
+                              description="search a query with words the model cannot read as its did_you_mean "
+                                          "(each replaced by the closest known word), when it has one; false: as "
+                                          "typed, the unknown words ignored")
 
     @app.post("/search", summary="Text -> ranked images", responses={
         200: {"model": SearchResponse},
@@ -72,7 +76,7 @@ def add_search_routes(app: FastAPI, gallery: Gallery, model, batcher: MicroBatch
                                f"1..{limits.max_k}, a field missing or of the wrong type")})
     async def search(req: SearchRequest):
         check_query(req.text, req.k, limits)
-        body = await batcher.submit((req.text, req.k, req.rerank))  # batched with concurrent queries
+        body = await batcher.submit((req.text, req.k, req.rerank, req.correct))  # batched with concurrent queries
         if isinstance(body, ValueError):
             raise body  # this query's answer only (the 500 handler logs it)
         return Response(body, media_type="application/json")  # rendered in the batch (SearchResponse's shape)

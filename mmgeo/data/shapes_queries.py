@@ -65,8 +65,8 @@ class PartialQuery:
 def _scenes(world, n: int, seed: int, stream: int, min_objects: int, what: str):
     """(rng, image index, scene) of random scenes of ``world`` holding ``min_objects`` or more, each draw from
     ``default_rng([seed, stream, draw number])`` (streams: 0 caption_queries, 1-2 make_queries, 3 relation_queries,
-    4 count_queries, 5 object_queries); the caller stops after ``n`` queries, and too many passed-over scenes
-    raise."""
+    4 count_queries, 5 object_queries, 6 plural_queries); the caller stops after ``n`` queries, and too many
+    passed-over scenes raise."""
     for q in itertools.count():
         if q > 50 * n + 100:
             raise ValueError(f"could not draw {n} {what} from {len(world)} images")
@@ -151,6 +151,31 @@ def count_queries(world, n: int, seed: int = 0) -> list[PartialQuery]:
         head = f"{COUNT_WORDS[len(scene) - 1]} {'shape' if len(scene) == 1 else 'shapes'}"
         out.append(PartialQuery(f"{head}: {body}", idx, mentions, typed=True, count=len(scene)))
     return out
+
+
+def plural_queries(world, n: int, seed: int = 0) -> list[PartialQuery]:
+    """``n`` typed queries that count objects of one kind: "two yellow circles" for a random scene of ``world``
+    holding two or more objects of one colour and shape (the count is how many it holds, no size, no cell); true of
+    every image holding at least that many (one mention per object). The shapes world's captions never use a
+    plural, so a scratch model cannot read "circles": what these measure is how a query it cannot read fares, as
+    typed and corrected (``mmgeo.models.vocab``). Deterministic in (seed, query number); a scene without two
+    objects of one kind is passed over."""
+    out: list[PartialQuery] = []
+    if n == 0:
+        return out
+    for rng, idx, scene in _scenes(world, n, seed, 6, 2, "plural queries"):  # 6: this kind's stream
+        kinds: dict[tuple[str, str], int] = {}
+        for obj in scene:
+            kinds[(obj.color, obj.shape)] = kinds.get((obj.color, obj.shape), 0) + 1
+        many = sorted(k for k, c in kinds.items() if c > 1)
+        if not many:
+            continue
+        color, shape = many[int(rng.integers(len(many)))]
+        count = kinds[(color, shape)]
+        mentions = (Mention(None, color, shape),) * count
+        out.append(PartialQuery(f"{COUNT_WORDS[count - 1]} {color} {shape}s", idx, mentions, typed=True))
+        if len(out) == n:
+            return out
 
 
 def _same_object(m: Mention, obj: ShapeObject) -> bool:

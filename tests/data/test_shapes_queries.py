@@ -11,6 +11,7 @@ from mmgeo.data.shapes_queries import (
     count_queries,
     make_queries,
     object_queries,
+    plural_queries,
     query_images,
     relation_queries,
     relevant_images,
@@ -175,6 +176,30 @@ def test_typed_counts_by_hand():
     assert wrong_values(two, SCENES[5]) == {"count": {(2, 3)}}
     assert wrong_values(two, SCENES[0]) == {}
     assert wrong_values(two, SCENES[2]) == {"shape": {("circle", "square")}}
+
+
+def test_typed_plurals_by_hand():
+    """ "two red circles": at least two distinct red circles, any size, anywhere; one red circle is not enough."""
+    scenes = [[RED_CIRCLE_TL, ShapeObject("circle", "red", "small", (2, 2))],  # 0: two, sizes apart
+              [RED_CIRCLE_TL, BLUE_SQUARE_C],  # 1: one
+              [RED_CIRCLE_TL, ShapeObject("circle", "red", "small", (2, 2)), ShapeObject("circle", "red", "large",
+                                                                                        (1, 0))],  # 2: three
+              [ShapeObject("circle", "green", "large", (0, 0)), ShapeObject("circle", "red", "small", (2, 2))]]
+    two = PartialQuery("two red circles", 0, (Mention(None, "red", "circle"),) * 2, typed=True)
+    assert query_images(two, scenes).tolist() == [0, 2]
+
+
+def test_plural_queries_count_one_kind_of_their_source():
+    world = ShapesWorld("test", image_size=48, size=300)
+    scenes = [world.scene(i) for i in range(len(world))]
+    queries = plural_queries(world, 30, seed=5)
+    assert queries == plural_queries(world, 30, seed=5) and len(queries) == 30
+    for q in queries:
+        kind = (q.mentions[0].color, q.mentions[0].shape)
+        held = sum((o.color, o.shape) == kind for o in scenes[q.source])
+        assert held >= 2 and len(q.mentions) == held and set(q.mentions) == {Mention(None, *kind)}
+        assert q.text == f"{('one', 'two', 'three', 'four')[held - 1]} {kind[0]} {kind[1]}s" and q.typed
+        assert q.source in query_images(q, scenes)
 
 
 def test_a_wrong_relation_is_named_with_where_the_object_lies():

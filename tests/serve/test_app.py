@@ -219,7 +219,7 @@ def test_an_answer_that_cannot_be_rendered_fails_its_query_alone(serve_env, monk
     monkeypatch.setattr(app_module, "search_texts", nan_for_bad)
     app = create_app(serve_env.idx, limits=LIMITS)
     texts = ["a red circle", "bad query", "a blue square"]
-    answers = app.state.batcher.fn([(t, 3, True) for t in texts])  # one micro-batch of three queries
+    answers = app.state.batcher.fn([(t, 3, True, True) for t in texts])  # one micro-batch of three queries
     assert isinstance(answers[1], ValueError) and "JSON" in str(answers[1])
     assert [SearchResponse.model_validate_json(answers[i]).query for i in (0, 2)] == ["a red circle", "a blue square"]
     with TestClient(app, raise_server_exceptions=False) as c:
@@ -231,12 +231,24 @@ def test_an_answer_that_cannot_be_rendered_fails_its_query_alone(serve_env, monk
 
 
 def test_search_names_the_words_the_model_cannot_read_and_a_query_to_try(client):
-    r = client.post("/search", json={"text": "two red circles!", "k": 3})
+    r = client.post("/search", json={"text": "two red circles!", "k": 3, "correct": False})
     assert r.status_code == 200, r.text
     answer = SearchResponse.model_validate_json(r.content)
     assert answer.unknown_words == ["circles"] and answer.did_you_mean == "two red circle!"
-    assert len(answer.results) == 3  # still answered: the words it can read are searched
+    assert answer.searched == "two red circles!" and len(answer.results) == 3  # as typed: "circles" ignored
     known = client.post("/search", json={"text": "a red circle", "k": 3}).json()
-    assert known["unknown_words"] == [] and known["did_you_mean"] is None
+    assert known["unknown_words"] == [] and known["did_you_mean"] is None and known["searched"] == "a red circle"
     far = client.post("/search", json={"text": "a red zebra", "k": 3}).json()
     assert far["unknown_words"] == ["zebra"] and far["did_you_mean"] is None  # nothing close enough to suggest
+    assert far["searched"] == "a red zebra"  # so nothing to correct: searched as typed
+
+
+def test_search_corrects_a_query_to_its_did_you_mean_by_default(client):
+    typed = client.post("/search", json={"text": "two red circles!", "k": 5}).json()
+    meant = client.post("/search", json={"text": "two red circle!", "k": 5}).json()
+    assert typed["query"] == "two red circles!" and typed["searched"] == "two red circle!"
+    assert typed["unknown_words"] == ["circles"] and typed["did_you_mean"] == "two red circle!"
+    assert typed["results"] == meant["results"]  # the corrected query's own answer
+    as_typed = client.post("/search", json={"text": "two red circles!", "k": 5, "correct": False}).json()
+    assert [r["id"] for r in as_typed["results"]] != [r["id"] for r in typed["results"]] or \
+        [r["score"] for r in as_typed["results"]] != [r["score"] for r in typed["results"]]  # a different search
