@@ -77,7 +77,8 @@ _IRREGULAR = {"man": "men", "woman": "women", "child": "children", "person": "pe
 _PLURAL_ONLY = {"clothing": "jeans pants shorts sunglasses glasses trousers overalls"}
 
 
-def _plural(noun: str) -> str:
+def plural(noun: str) -> str:
+    """The plural of a lexicon noun ("circle" -> "circles", "man" -> "men")."""
     if noun in _IRREGULAR:
         return _IRREGULAR[noun]
     if noun.endswith(("s", "x", "ch", "sh")):
@@ -92,7 +93,7 @@ def _noun_lexicon() -> dict[str, tuple[str, str]]:
     lex = {}
     for group, words in _NOUN_GROUPS.items():
         for w in words.split():
-            lex.setdefault(_plural(w), (group, "p"))
+            lex.setdefault(plural(w), (group, "p"))
             lex[w] = (group, "s")  # sheep / fish / deer: taken as singular
     for group, words in _PLURAL_ONLY.items():
         lex.update({w: (group, "p") for w in words.split()})

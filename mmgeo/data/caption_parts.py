@@ -10,7 +10,8 @@ caption: true of its image but naming less of it, an image->text negative that t
 caption naming more of it (the tie-break a full caption needs among images that hold its objects and more).
 ``typed_caption`` writes a caption the way people type a search: a phrase placed from another ("A in the top left
 with B below it") as "B below A" (``typed_relation``), else the objects alone, a count kept ("two shapes : A and
-B", ``objects_only``).
+B", ``objects_only``), or, when the caption names two or more objects of one colour and noun, how many
+(``plural_count``: "two yellow circles").
 
 The rules read the caption text only — no parser, no scene graph — so they apply to free text:
 
@@ -33,7 +34,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from mmgeo.data.caption_edits import ATTRIBUTES, NOUNS
+from mmgeo.data.caption_edits import ATTRIBUTES, NOUNS, plural
 
 _SEPARATORS = {",", ";", "and", "with", "while"}
 _OPENERS = {"a", "an", "the", "two", "three", "four", "five", "several", "some", "many", "another", "one",
@@ -157,15 +158,46 @@ def objects_only(caption: str) -> str | None:
 
 
 def typed_caption(caption: str, rng: np.random.Generator, captions: Sequence[str] = (),
-                  relations: float = 0.0) -> str | None:
+                  relations: float = 0.0, plurals: float = 0.0) -> str | None:
     """What people type for the picture the caption describes: ``typed_relation`` when the caption places an
     object from another, else ``objects_only``; None when neither rule changes it. With ``relations`` > 0, that
     share of the calls types a relation from one of the picture's ``captions`` that places an object (when one
-    does), whichever caption was drawn: one template in five of the shapes world places objects."""
+    does), whichever caption was drawn: one template in five of the shapes world places objects. With ``plurals``
+    > 0, that share of the calls whose caption names two or more objects of one kind types how many
+    (``plural_count``: "two yellow circles"), before either."""
+    counted = plural_count(caption, rng) if plurals else None
+    if counted is not None and rng.random() < plurals:  # no draw when off, or when no kind is named twice
+        return counted
     placing = [c for c in captions if _placed(_pieces(c)[1])] if relations else []
     if placing and rng.random() < relations:  # no draw when off, or when no caption places an object
         return typed_relation(placing[int(rng.integers(len(placing)))], rng)
     return typed_relation(caption, rng) or objects_only(caption)
+
+
+def plural_count(caption: str, rng: np.random.Generator | None = None) -> str | None:
+    """How many objects of one kind the caption names, as people type it: "a big yellow circle in the top left and
+    a small yellow circle at the bottom" -> "two yellow circles" (the same colour words and noun, sizes and places
+    aside); None when no kind is named twice. Several such kinds: one drawn by ``rng`` (None: the first). A caption
+    that names every object of its picture (the shapes world's) gives the picture's count of that kind."""
+    kinds: dict[tuple[tuple[str, ...], str], int] = {}
+    for piece in _pieces(caption)[1]:
+        noun = _noun_at(piece)
+        if noun is None or NOUNS[piece[noun].lower()][1] != "s":
+            continue
+        colors = tuple(w.lower() for w in _object_words(piece) if w.lower() in ATTRIBUTES["color"])
+        kind = (colors, piece[noun].lower())
+        kinds[kind] = kinds.get(kind, 0) + 1
+    many = [k for k, n in kinds.items() if 1 < n <= len(_NUMBERS)]
+    if not many:
+        return None
+    colors, noun = many[int(rng.integers(len(many)))] if rng is not None and len(many) > 1 else many[0]
+    return " ".join([_NUMBERS[kinds[(colors, noun)] - 1], *colors, plural(noun)])
+
+
+def with_plurals(vocabulary: Sequence[str]) -> list[str]:
+    """A word-level vocabulary with the plural of each of its singular lexicon nouns added (what ``plural_count``
+    writes), sorted."""
+    return sorted(set(vocabulary) | {plural(w) for w in vocabulary if NOUNS.get(w, ("", ""))[1] == "s"})
 
 
 def partial_caption(caption: str, rng: np.random.Generator, max_objects: int = 2) -> str | None:

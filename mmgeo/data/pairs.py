@@ -60,7 +60,8 @@ class CaptionPairs(Dataset):
     share of those sub-captions whose colour words are then left out (``caption_parts.without_colors``);
     ``typed_captions``: the share of the other items whose caption is written the way people type
     (``caption_parts.typed_caption``: "B below A", or the objects without their places), ``typed_relations`` of
-    them a relation taken from whichever of the image's captions places one.
+    them a relation taken from whichever of the image's captions places one, ``typed_plurals`` of those whose
+    caption names two or more objects of one kind how many ("two yellow circles", ``caption_parts.plural_count``).
     ``caption_truth``: each pair carries the phrases of its caption, of its negatives and of all its image's
     captions, so ``Collate`` can tell which captions and edits are true of which images of the batch
     (``mmgeo.data.caption_groups``).
@@ -72,9 +73,10 @@ class CaptionPairs(Dataset):
                  negative_kinds=EDIT_KINDS, vocabulary=None, partial_captions: float = 0.0,
                  negative_weights: dict[str, float] | None = None, caption_truth: bool = False,
                  fewer_phrase_negatives: int = 0, colorless_sub_captions: float = 0.0, typed_captions: float = 0.0,
-                 typed_relations: float = 0.0):
+                 typed_relations: float = 0.0, typed_plurals: float = 0.0):
         for name, share in (("partial_captions", partial_captions), ("colorless_sub_captions", colorless_sub_captions),
-                            ("typed_captions", typed_captions), ("typed_relations", typed_relations)):
+                            ("typed_captions", typed_captions), ("typed_relations", typed_relations),
+                            ("typed_plurals", typed_plurals)):
             if not 0.0 <= share <= 1.0:
                 raise ValueError(f"data.{name}={share} must be a share between 0 and 1")
         if hard_negatives and not hasattr(dataset, "variant"):
@@ -87,6 +89,7 @@ class CaptionPairs(Dataset):
         self.partial_captions, self.caption_truth = partial_captions, caption_truth
         self.fewer_phrase_negatives, self.colorless_sub_captions = fewer_phrase_negatives, colorless_sub_captions
         self.typed_captions, self.typed_relations = typed_captions, typed_relations
+        self.typed_plurals = typed_plurals
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -108,7 +111,7 @@ class CaptionPairs(Dataset):
                 if self.colorless_sub_captions and caption != whole and rng.random() < self.colorless_sub_captions:
                     caption = without_colors(caption) or caption
             elif self.typed_captions and rng.random() < self.typed_captions:  # no draw when off
-                caption = typed_caption(caption, rng, captions, self.typed_relations) or caption
+                caption = typed_caption(caption, rng, captions, self.typed_relations, self.typed_plurals) or caption
             partial.append(caption != whole)
             negatives = caption_negatives(caption, rng, self.caption_negatives, self.negative_kinds,
                                           self.vocabulary, self.negative_weights) if self.caption_negatives else []

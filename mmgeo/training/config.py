@@ -56,6 +56,9 @@ class DataConfig:
     typed_relations: float = 0.0  # share of those typed captions written as a relation from whichever of the
     # image's captions places one object from another (the shapes world: one template in five), else 0 = a relation
     # only when the drawn caption places one
+    typed_plurals: float = 0.0  # share of those typed captions whose caption names two or more objects of one kind
+    # written as how many ("two yellow circles", caption_parts.plural_count); > 0 adds the plurals of a word-level
+    # vocabulary's nouns to the model's (caption_parts.with_plurals)
     fewer_phrase_negatives: int = 0  # per caption naming ≥ 2 object phrases, up to this many copies with one
     # phrase left out (mmgeo.data.caption_parts.fewer_phrases) as image->text negatives only: true of the image, they
     # teach it to prefer the caption naming more of it; never text->image queries (the edit terms skip them)

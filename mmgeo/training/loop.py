@@ -76,7 +76,8 @@ def build_loader(cfg: TrainConfig, module: RetrievalModule, train) -> ResumableL
                          cfg.data.negative_kinds, vocabulary, cfg.data.partial_captions, cfg.data.negative_weights,
                          caption_truth=truth, fewer_phrase_negatives=cfg.data.fewer_phrase_negatives,
                          colorless_sub_captions=cfg.data.colorless_sub_captions,
-                         typed_captions=cfg.data.typed_captions, typed_relations=cfg.data.typed_relations)
+                         typed_captions=cfg.data.typed_captions, typed_relations=cfg.data.typed_relations,
+                         typed_plurals=cfg.data.typed_plurals)
     if isinstance(train, ShardSource):
         stream = ShardPairs(train, pairs, Collate(module.model.tokenize), t.batch_size // world, t.seed)
         return ShardLoader(stream, t.batch_size, cfg.data.num_workers)

@@ -39,7 +39,8 @@ class RetrievalModule(L.LightningModule):
     def __init__(self, cfg: TrainConfig):
         super().__init__()
         self.cfg = cfg
-        self.model = create_model(cfg.model, **{**cfg.model_args, "extra": {"dataset": cfg.data.name}})
+        self.model = create_model(cfg.model, **{**cfg.model_args, **plural_vocabulary(cfg),
+                                                "extra": {"dataset": cfg.data.name}})
         self.groups = self.model.parameter_groups()  # "qk", "value", "rest": what the aids act on
         self.nonfinite_streak, self.skipped_steps = 0, []  # non-finite steps skipped: in a row, all (global steps)
         self._loss_nonfinite, self._batch = False, None
@@ -170,6 +171,19 @@ class RetrievalModule(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint):
         checkpoint["mmgeo"] = model_record(self.model)
+
+
+def plural_vocabulary(cfg: TrainConfig) -> dict:
+    """``{"text_vocab": ...}`` with the plurals of its nouns when the data types plural counts
+    (``data.typed_plurals``) and the model reads a word-level vocabulary, else {}: otherwise "circles" would be
+    the unknown token in every caption that says it."""
+    from mmgeo.data.caption_parts import with_plurals
+    from mmgeo.models.registry import model_config
+
+    if not cfg.data.typed_plurals:
+        return {}
+    vocab = model_config(cfg.model, **cfg.model_args).text_vocab
+    return {"text_vocab": with_plurals(vocab)} if vocab else {}
 
 
 def true_captions(batch: dict, data) -> torch.Tensor | None:

@@ -254,6 +254,26 @@ def test_typed_relations_raise_the_share_of_typed_captions_that_are_relations():
         make(2.0)
 
 
+def test_typed_plurals_count_one_kind_of_the_picture():
+    """Every whole caption typed with typed_plurals 1: the captions that name a kind twice become "two yellow
+    circles" and the count is the scene's; no other caption changes."""
+    world = ShapesWorld("train", size=120, image_size=32)
+    make = lambda share: CaptionPairs(world, lambda im: torch.zeros(3, 32, 32), seed=0,  # noqa: E731
+                                      typed_captions=1.0, typed_plurals=share)
+    counted = 0
+    for i in range(120):
+        before, after = make(0.0)[(i, 0, 0)]["pairs"][0][1], make(1.0)[(i, 0, 0)]["pairs"][0][1]
+        if before == after:
+            continue
+        counted += 1
+        number, color, shapes = after.split()
+        held = sum((o.color, o.shape) == (color, shapes[:-1]) for o in world.scene(i))
+        assert held == ("one", "two", "three", "four").index(number) + 1 >= 2, (after, world.scene(i))
+    assert 5 < counted < 60
+    with pytest.raises(ValueError, match="typed_plurals"):
+        make(1.5)
+
+
 def test_true_captions_can_leave_whole_captions_their_negatives():
     """data.mask_true_of sub_captions: only a sub-caption's true images leave its negatives; a whole caption keeps
     every other image, so it still learns its own image above one that holds its objects and more."""

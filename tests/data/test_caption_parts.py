@@ -8,9 +8,11 @@ from mmgeo.data.caption_parts import (
     object_phrases,
     objects_only,
     partial_caption,
+    plural_count,
     stated_count,
     typed_caption,
     typed_relation,
+    with_plurals,
 )
 from mmgeo.data.shapes import ShapesWorld
 from mmgeo.data.shapes_grammar import parse
@@ -203,3 +205,40 @@ def test_typed_captions_of_the_shapes_world_are_true_of_their_scene_as_people_re
                 mentions = tuple(nouns)
             assert satisfies_typed(PartialQuery(typed, i, mentions, typed=True, count=count), world.scene(i)), typed
     assert kinds == {"relation", "count", "objects"}
+
+
+@pytest.mark.parametrize("caption, counted", [
+    ("a big yellow circle in the top left and a small yellow circle at the bottom", "two yellow circles"),
+    ("three shapes : a big red square on the left , a little red square at the top and a red circle in the center",
+     "two red squares"),
+    ("a small red circle in the top left with a big red circle below it and a red circle to the right of it",
+     "three red circles"),
+    ("a black dog and a black dog play in the park", "two black dogs"),
+    ("a red circle and a blue circle", None),  # two circles, but not of one kind
+    ("a big red circle in the center", None),
+])
+def test_plural_count(caption, counted):
+    assert plural_count(caption) == counted
+
+
+def test_plural_count_draws_one_of_several_kinds_and_with_plurals_adds_the_nouns_plurals():
+    caption = "a red circle , a red circle , a blue square and a blue square"
+    drawn = {plural_count(caption, np.random.default_rng(s)) for s in range(20)}
+    assert drawn == {"two red circles", "two blue squares"}
+    vocab = ShapesWorld.vocabulary()
+    assert set(with_plurals(vocab)) - set(vocab) == {"circles", "squares", "triangles", "diamonds"}
+    assert with_plurals(["a", "dog", "man"]) == ["a", "dog", "dogs", "man", "men"]
+
+
+def test_typed_plurals_come_first_at_their_share_and_draw_nothing_when_off():
+    world = ShapesWorld("train", size=400, image_size=32)
+    named = [c for i in range(400) for c in world.captions(i)[:1] if plural_count(c)]
+    assert len(named) > 30  # about one image in six names a kind twice
+    for caption in named:
+        assert typed_caption(caption, np.random.default_rng(0), plurals=1.0) == \
+            plural_count(caption, np.random.default_rng(0))  # the same draw of a kind, when it names several
+        half = [typed_caption(caption, np.random.default_rng(s), plurals=0.5) for s in range(40)]
+        assert 5 < sum(t == plural_count(caption, np.random.default_rng(s)) for s, t in enumerate(half)) < 35
+        a, b = np.random.default_rng(3), np.random.default_rng(3)
+        assert typed_caption(caption, a, relations=0.5) == typed_caption(caption, b, relations=0.5, plurals=0.0)
+        assert a.random() == b.random()  # off: the same draws as before plurals existed (runs replay)

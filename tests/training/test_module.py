@@ -53,3 +53,11 @@ def test_value_frozen_for_the_first_fraction_of_steps():
 def test_step_seed_depends_on_seed_step_and_rank_only():
     assert step_seed(0, 3, 1) == step_seed(0, 3, 1)
     assert len({step_seed(0, 3, 1), step_seed(1, 3, 1), step_seed(0, 4, 1), step_seed(0, 3, 0)}) == 4
+
+
+def test_typed_plurals_give_the_model_the_plurals_of_its_nouns():
+    plain, counted = _module().model, _module("--data.typed_plurals", "0.5").model
+    assert "circles" not in plain.tokenizer.get_vocab()
+    assert set(counted.cfg.text_vocab) - set(plain.cfg.text_vocab) == {"circles", "squares", "triangles", "diamonds"}
+    ids = counted.tokenizer("two yellow circles")["input_ids"]
+    assert counted.tokenizer.unk_token_id not in ids  # read, not the unknown token
