@@ -2,9 +2,10 @@
 
     python -m experiments.typed_plurals --ckpt runs/synthetic/model.pt [--ckpt ...] [--queries 300] [--json out.json]
 
-The shapes world's captions never use a plural, so a scratch model's vocabulary has no "circles": typed, the query
-is searched as "two yellow [UNK]"; `POST /search` corrects it to its ``did_you_mean`` ("two yellow circle",
-``mmgeo.models.vocab``) unless asked not to. For each model: ``plural_queries`` of the test split (every image
+The shapes world's captions never use a plural, so a scratch model's vocabulary has no "circles" (unless trained
+with ``data.typed_plurals``: then the two rankings are one): typed, the query is searched as "two yellow [UNK]";
+`POST /search` corrects it to its ``did_you_mean`` ("two yellow circle", ``mmgeo.models.vocab``) unless asked not
+to. For each model: ``plural_queries`` of the test split (every image
 holding at least that many objects of that colour and shape is relevant, ``mmgeo.data.shapes_queries``), ranked by
 the exact geometric score over the split as typed and as corrected: P@1, P@5, nDCG@10, mAP, the mean rank of the
 first relevant image, and how often the first hit holds one object of the kind at least (the count aside). Shapes

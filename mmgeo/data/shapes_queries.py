@@ -156,10 +156,10 @@ def count_queries(world, n: int, seed: int = 0) -> list[PartialQuery]:
 def plural_queries(world, n: int, seed: int = 0) -> list[PartialQuery]:
     """``n`` typed queries that count objects of one kind: "two yellow circles" for a random scene of ``world``
     holding two or more objects of one colour and shape (the count is how many it holds, no size, no cell); true of
-    every image holding at least that many (one mention per object). The shapes world's captions never use a
-    plural, so a scratch model cannot read "circles": what these measure is how a query it cannot read fares, as
-    typed and corrected (``mmgeo.models.vocab``). Deterministic in (seed, query number); a scene without two
-    objects of one kind is passed over."""
+    every image holding at least that many (one mention per object). The world's own captions never use a
+    plural, so a scratch model reads "circles" only when trained with typed plurals (``data.typed_plurals``);
+    else these measure how a query it cannot read fares, as typed and corrected (``mmgeo.models.vocab``).
+    Deterministic in (seed, query number); a scene without two objects of one kind is passed over."""
     out: list[PartialQuery] = []
     if n == 0:
         return out
