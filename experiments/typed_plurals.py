@@ -19,12 +19,11 @@ import json
 import sys
 from pathlib import Path
 
-import numpy as np
-import torch
 
-
-@torch.inference_mode()
 def measure(ckpt: str, n: int, seed: int = 0, size: int | None = None) -> dict:
+    import numpy as np
+    import torch
+
     from mmgeo.data import build_dataset
     from mmgeo.data.shapes_queries import plural_queries, query_images
     from mmgeo.eval.partial import exact_rankings, ranking_metrics
@@ -45,7 +44,9 @@ def measure(ckpt: str, n: int, seed: int = 0, size: int | None = None) -> dict:
                c != q.text for c, q in zip(corrected, queries)), "examples": [(q.text, c) for q, c in
                                                                            zip(queries[:3], corrected[:3])]}
     for name, texts in (("typed", [q.text for q in queries]), ("corrected", corrected)):
-        ranked = exact_rankings(exact_scores(model, model.encode_text(texts), images, "geometric", progress=False))
+        with torch.inference_mode():
+            scores = exact_scores(model, model.encode_text(texts), images, "geometric", progress=False)
+        ranked = exact_rankings(scores)
         first = [int(np.flatnonzero(np.isin(r, rel))[0]) + 1 for r, rel in zip(ranked, relevant)]
         kind = [sum((o.color, o.shape) == (q.mentions[0].color, q.mentions[0].shape) for o in scenes[r[0]]) > 0
                 for q, r in zip(queries, ranked)]  # the first hit holds one of the kind, at least
