@@ -248,7 +248,8 @@ def test_search_corrects_a_query_to_its_did_you_mean_by_default(client):
     meant = client.post("/search", json={"text": "two red circle!", "k": 5}).json()
     assert typed["query"] == "two red circles!" and typed["searched"] == "two red circle!"
     assert typed["unknown_words"] == ["circles"] and typed["did_you_mean"] == "two red circle!"
-    assert typed["results"] == meant["results"]  # the corrected query's own answer
+    scores = lambda answer: [r["score"] for r in answer["results"]]  # noqa: E731
+    assert scores(typed) == pytest.approx(scores(meant), rel=1e-5, abs=1e-6)  # the corrected query's own answer
+    assert {r["id"] for r in typed["results"]} == {r["id"] for r in meant["results"]}
     as_typed = client.post("/search", json={"text": "two red circles!", "k": 5, "correct": False}).json()
-    assert [r["id"] for r in as_typed["results"]] != [r["id"] for r in typed["results"]] or \
-        [r["score"] for r in as_typed["results"]] != [r["score"] for r in typed["results"]]  # a different search
+    assert scores(as_typed) != pytest.approx(scores(typed), rel=1e-3, abs=1e-4)  # a different search
